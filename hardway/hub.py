@@ -6,13 +6,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-#: The course's default models folder: `models/` at the root of the repository.
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+def repo_root() -> Path:
+    """The course repository: above hardway/ when imported, above notebooks/ in a notebook kernel."""
+    start = Path(globals().get("__file__") or Path.cwd() / "notebook").resolve().parent
+    for folder in (start, *start.parents):
+        if (folder / "pyproject.toml").exists() and (folder / "notebooks").is_dir():
+            return folder
+    return Path.cwd()
 
 
 def models_dir() -> Path:
     """The folder holding `<org>/<name>` checkpoints: $HARDWAY_MODELS, else `models/` in the repository."""
-    return Path(os.environ.get("HARDWAY_MODELS") or REPO_ROOT / "models")
+    return Path(os.environ.get("HARDWAY_MODELS") or repo_root() / "models")
 
 
 def is_standin(folder) -> bool:

@@ -5,8 +5,9 @@ The notebooks in `notebooks/` are the source of truth. A notebook names its modu
     #| default_exp gpt2
 
 and marks each finished code cell with `#| export` (to that module) or `#| export other_module`
-(to another one). This script writes `hardway/<module>.py` from those cells, in notebook order,
-under a header that names the source notebook. Stdlib only, so it runs before anything is installed.
+(to another one). This script writes `hardway/<module>.py` from those cells, in lesson order, under a
+header that names the source notebooks. Several lessons may build one module together: lessons 03-06
+each add their classes to `hardway/gpt2.py`, so the finished file reads top to bottom like the course. Stdlib only, so it runs before anything is installed.
 
     python tools/export.py            # re-export every notebook and strip outputs
     python tools/export.py --check    # exit 1 if hardway/ or a notebook is not what an export would leave
@@ -47,7 +48,7 @@ def _source_lines(cell: dict) -> list[str]:
 def exported_modules() -> dict[str, str]:
     """Return {relative path under hardway/: file text} for everything the notebooks export."""
     modules: dict[str, list[str]] = {}
-    origin: dict[str, str] = {}
+    origin: dict[str, list[str]] = {}
     for nb_path in sorted(NOTEBOOKS.glob("*.ipynb")):
         nb = json.loads(nb_path.read_text(encoding="utf-8"))
         default = None
@@ -64,11 +65,11 @@ def exported_modules() -> dict[str, str]:
                         raise SystemExit(f"{nb_path.name}: '#| export' before any '#| default_exp'")
                     rel = module.replace(".", "/") + ".py"
                     nb_rel = f"notebooks/{nb_path.name}"
-                    if origin.setdefault(rel, nb_rel) != nb_rel:
-                        raise SystemExit(f"hardway/{rel} is exported by both {origin[rel]} and {nb_rel}")
+                    if nb_rel not in origin.setdefault(rel, []):
+                        origin[rel].append(nb_rel)
                     body = "".join(l for l in lines if not DIRECTIVE.match(l)).strip("\n")
                     modules.setdefault(rel, []).append(body)
-    return {rel: HEADER.format(nb=origin[rel]) + "\n" + "\n\n\n".join(cells) + "\n" for rel, cells in modules.items()}
+    return {rel: HEADER.format(nb=", ".join(origin[rel])) + "\n" + "\n\n\n".join(cells) + "\n" for rel, cells in modules.items()}
 
 
 def stale_modules(expected: dict[str, str]) -> list[Path]:
