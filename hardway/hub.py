@@ -3,8 +3,30 @@
 """Find checkpoints on disk, or download them from the model hub."""
 from __future__ import annotations
 
+import json
 import os
-from pathlib import Path
+import re
+import time
+from pathlib import Path, PurePosixPath
+from urllib.parse import quote
+
+import requests
+from tqdm import tqdm
+
+DEFAULT_ENDPOINT = "https://huggingface.co"  # the public model hub; $HF_ENDPOINT replaces it (a mirror, a test server)
+TIMEOUT = (10, 60)  # seconds to connect, seconds of silence while reading: no request waits forever
+RETRIES = 5  # attempts per file; each one resumes where the last one stopped
+RETRY_WAIT = 1.0  # seconds before the first retry, doubled after each
+CHUNK = 1 << 16  # bytes per read: a read cut short by a dropped connection loses at most this much
+
+MODEL_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Tokenizer files a model repo may have; each one is optional (GPT-2 has vocab.json + merges.txt, Llama tokenizer.json).
+TOKENIZER_FILES = ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+
+
+class HubError(OSError):
+    """A download from the hub failed; the message names the file and the repo, and says what to do."""
 
 
 def repo_root() -> Path:
@@ -26,6 +48,157 @@ def is_standin(folder) -> bool:
     return (Path(folder) / "STANDIN.md").exists()
 
 
+def _check_repo_id(repo_id: str) -> None:
+    # "org/name" or "name": nothing that could climb out of models_dir() or change the URL's meaning.
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or ".." in repo_id:
+        raise ValueError(f"{repo_id!r} is not a hub repo id like 'openai-community/gpt2'")
+
+
+def _check_filename(filename: str, repo_id: str) -> None:
+    parts = PurePosixPath(filename).parts
+    if not parts or filename.startswith("/") or ".." in parts or "\\" in filename:
+        raise ValueError(f"{filename!r} (in {repo_id}) is not a relative file name inside the repo")
+
+
+def _url(repo_id: str, revision: str, filename: str) -> str:
+    endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+    return f"{endpoint.rstrip('/')}/{repo_id}/resolve/{quote(revision, safe='')}/{quote(filename)}"
+
+
+def _session() -> requests.Session:
+    session = requests.Session()
+    session.headers["User-Agent"] = "hardway"
+    session.headers["Accept-Encoding"] = "identity"  # no gzip: bytes on the wire = bytes on disk, so sizes compare
+    if token := os.environ.get("HF_TOKEN"):
+        session.headers["Authorization"] = f"Bearer {token}"
+    return session
+
+
+def _raise_for_status(response: requests.Response, repo_id: str, filename: str, revision: str) -> None:
+    status = response.status_code
+    if status in (401, 403):
+        endpoint = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        token = "HF_TOKEN is set, but the hub refused it" if os.environ.get("HF_TOKEN") else "HF_TOKEN is not set"
+        raise HubError(
+            f"{status} for {filename} in {repo_id}: the repo is gated or private (or does not exist). "
+            f"If it is gated, accept its license on the model page {endpoint}/{repo_id} while logged in; then create "
+            f"an access token ({endpoint}/settings/tokens) and set the environment variable HF_TOKEN to it ({token})."
+        )
+    if status == 404:
+        raise HubError(f"404: {filename} not found in {repo_id} at revision {revision!r} ({response.url})")
+    if status >= 400:
+        raise HubError(f"{status} {response.reason} for {filename} in {repo_id} ({response.url})")
+
+
+def _remote_size(session: requests.Session, url: str) -> int | None:
+    """The size the server reports for a file (HEAD, following redirects), or None if it does not say."""
+    try:
+        response = session.head(url, allow_redirects=True, timeout=TIMEOUT)
+    except requests.RequestException:
+        return None
+    length = response.headers.get("Content-Length")
+    return int(length) if response.ok and length and length.isdigit() else None
+
+
+def _total_size(response: requests.Response, have: int) -> int | None:
+    """Full size of the file being sent: from Content-Range for a 206, Content-Length for a 200."""
+    if response.status_code == 206:
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        if total.isdigit():
+            return int(total)
+        have_plus = response.headers.get("Content-Length", "")
+        return have + int(have_plus) if have_plus.isdigit() else None
+    length = response.headers.get("Content-Length", "")
+    return int(length) if length.isdigit() else None
+
+
+def _fetch(session, repo_id: str, filename: str, revision: str, local_dir: Path, optional: bool = False) -> bool:
+    """Download one file to local_dir/filename. False when an optional file is not in the repo."""
+    _check_filename(filename, repo_id)
+    url = _url(repo_id, revision, filename)
+    dest = local_dir / filename
+    if dest.exists():
+        # A file under its final name was complete when written; it is replaced only if the hub says its size changed.
+        size = _remote_size(session, url)
+        if size is None or size == dest.stat().st_size:
+            return True
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".incomplete")
+    error = None
+    for attempt in range(RETRIES):
+        if attempt:
+            time.sleep(RETRY_WAIT * 2 ** (attempt - 1))
+        have = part.stat().st_size if part.exists() else 0
+        headers = {}
+        try:
+            with session.get(url, headers=headers, stream=True, timeout=TIMEOUT) as response:
+                if response.status_code == 404 and optional:
+                    return False
+                if response.status_code == 416:  # "range not satisfiable": our partial file is stale, start over
+                    part.unlink()
+                    continue
+                _raise_for_status(response, repo_id, filename, revision)
+                if response.status_code == 206 and not response.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
+                    part.unlink()  # a range we did not ask for: start over
+                    continue
+                if response.status_code != 206:
+                    have = 0  # the server sent the whole file (it ignores Range, or we asked for none)
+                total = _total_size(response, have)
+                with open(part, "ab" if have else "wb") as f, tqdm(
+                    total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=filename
+                ) as bar:
+                    for chunk in response.iter_content(CHUNK):
+                        f.write(chunk)
+                        bar.update(len(chunk))
+            got = part.stat().st_size
+            if total is not None and got != total:
+                raise requests.ConnectionError(f"connection ended after {got} of {total} bytes")
+            os.replace(part, dest)  # atomic: the final name only ever holds a complete file
+            return True
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
+            error = e
+    raise HubError(
+        f"network error downloading {filename} from {repo_id} ({url}) after {RETRIES} attempts: "
+        f"{type(error).__name__}: {error}. Check the connection (and HF_ENDPOINT if you set it), then run again: "
+        f"the download resumes from {part.name}."
+    )
+
+
+def download(repo_id: str, filenames=None, revision: str = "main", local_dir=None) -> Path:
+    """Download files of a hub repo into local_dir (default models_dir()/repo_id) and return that folder.
+
+    filenames=None fetches a model: config.json, generation_config.json (if any), model.safetensors or the
+    sharded index and its shards, and the tokenizer files the repo has. Complete files are skipped; interrupted
+    ones resume. $HF_ENDPOINT replaces the hub's address, $HF_TOKEN is sent as a Bearer token.
+    """
+    _check_repo_id(repo_id)
+    local_dir = Path(local_dir) if local_dir is not None else models_dir() / repo_id
+    session = _session()
+
+    def fetch(name, optional=False):
+        return _fetch(session, repo_id, name, revision, local_dir, optional)
+
+    if filenames is not None:
+        for name in filenames:
+            fetch(name)
+        return local_dir
+    fetch("config.json")
+    fetch("generation_config.json", optional=True)
+    if not fetch(MODEL_FILE, optional=True):
+        if not fetch(INDEX_FILE, optional=True):
+            raise HubError(f"{repo_id} has neither {MODEL_FILE} nor {INDEX_FILE} at revision {revision!r}")
+        try:
+            weight_map = json.loads((local_dir / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise HubError(f"{repo_id}: {INDEX_FILE} has no usable weight_map ({e!r})") from None
+        for shard in shards:
+            fetch(shard)
+    for name in TOKENIZER_FILES:
+        fetch(name, optional=True)
+    return local_dir
+
+
 def checkpoint(repo_id_or_path, filenames=None) -> Path:
     """A local folder for a hub repo id (downloading it when absent), or the folder itself if given one."""
     p = Path(repo_id_or_path)
@@ -33,8 +206,9 @@ def checkpoint(repo_id_or_path, filenames=None) -> Path:
         folder = p
     else:
         folder = models_dir() / str(repo_id_or_path)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder} does not exist (download is not written yet)")
+        # Absent, or left half-done by an interrupted download (an .incomplete file): (re)download, which resumes.
+        if not folder.is_dir() or any(folder.rglob("*.incomplete")):
+            download(str(repo_id_or_path), filenames, local_dir=folder)
     if is_standin(folder):
         first = (folder / "STANDIN.md").read_text().strip().splitlines()[0].lstrip("# ")
         print(f"⚠️  STAND-IN: {folder} — {first}. See its STANDIN.md.")

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
+import math
 import mmap
-import struct
 from pathlib import Path
 
 import torch
@@ -15,41 +15,146 @@ class SafetensorsError(ValueError):
     """A .safetensors file (or sharded index) is malformed; the message names the problem."""
 
 
+# dtype name in the header -> torch dtype. The element size in bytes is dtype.itemsize.
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 
+MAX_HEADER_SIZE = 100 * 1024 * 1024  # the safetensors library refuses bigger headers too
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)  # JSON true would otherwise pass as 1
+
+
+def _numel(shape: list[int]) -> int | None:
+    """prod(shape), or None once it passes 2**64: a hostile shape must not build a gigantic integer."""
+    n = 0 if 0 in shape else 1
+    for d in shape:
+        n *= d
+        if n > 2**64:
+            return None
+    return n
+
+
+def _check_header(header, data_size: int, where: str) -> None:
+    """Raise SafetensorsError unless header describes tensors that fit, without overlap, in data_size bytes."""
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{where}: header is a JSON {type(header).__name__}, not a JSON object")
+    spans = []  # (begin, end, name) of every tensor that has bytes
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise SafetensorsError(f"{where}: __metadata__ must be an object of strings, got {info!r:.100}")
+            continue
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+            raise SafetensorsError(f"{where}: tensor {name!r} must be an object with dtype, shape and data_offsets, got {info!r:.100}")
+        dtype = DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+        if dtype is None:
+            raise SafetensorsError(f"{where}: tensor {name!r} has unknown dtype {info['dtype']!r:.40} (supported: {', '.join(DTYPES)})")
+        shape = info["shape"]
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise SafetensorsError(f"{where}: tensor {name!r} has bad shape {shape!r:.100} (want a list of non-negative integers)")
+        offsets = info["data_offsets"]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets)) and 0 <= offsets[0] <= offsets[1]):
+            raise SafetensorsError(f"{where}: tensor {name!r} has bad data_offsets {offsets!r:.100} (want [begin, end], 0 <= begin <= end)")
+        begin, end = offsets
+        if end > data_size:
+            raise SafetensorsError(f"{where}: tensor {name!r} data_offsets [{begin}, {end}] run past the {data_size} bytes of data")
+        numel = _numel(shape)
+        nbytes = None if numel is None else numel * dtype.itemsize
+        if end - begin != nbytes:
+            raise SafetensorsError(
+                f"{where}: tensor {name!r} data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape {shape} × "
+                f"{info['dtype']} ({dtype.itemsize} bytes each) needs {'over 2**64' if nbytes is None else nbytes}"
+            )
+        if end > begin:
+            spans.append((begin, end, name))
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise SafetensorsError(f"{where}: tensors {n0!r} [{b0}, {e0}] and {n1!r} [{b1}, {e1}] overlap")
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    """(checked header, byte position where the tensor data starts)."""
+    file_size = path.stat().st_size
+    with open(path, "rb") as f:
+        first8 = f.read(8)
+        if len(first8) < 8:
+            raise SafetensorsError(f"{path}: file is {len(first8)} bytes, shorter than the 8-byte header size")
+        n = int.from_bytes(first8, "little")  # unsigned 64-bit, little-endian
+        if n > file_size - 8:  # checked before reading: never believe a size the file cannot hold
+            raise SafetensorsError(f"{path}: header size {n} runs past the end of the {file_size}-byte file")
+        if n > MAX_HEADER_SIZE:
+            raise SafetensorsError(f"{path}: header size {n} is over the {MAX_HEADER_SIZE}-byte limit")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"{path}: header is not UTF-8 ({e})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; absurd nesting is a RecursionError
+        raise SafetensorsError(f"{path}: header is not valid JSON ({str(e)[:200]})") from None
+    _check_header(header, file_size - 8 - n, str(path))
+    return header, 8 + n
+
 
 def read_header(path) -> dict:
-    path = Path(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise SafetensorsError(f"{path}: file is {len(raw)} bytes, shorter than the 8-byte header size")
-        (n,) = struct.unpack("<Q", raw)
-        size = path.stat().st_size
-        if 8 + n > size:
-            raise SafetensorsError(f"{path}: header size {n} runs past the end of the {size}-byte file")
-        try:
-            return json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SafetensorsError(f"{path}: header is not UTF-8 JSON ({e})") from None
+    """The checked JSON header of a .safetensors file: {name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}."""
+    return _read_header(Path(path))[0]
 
 
 def load_file(path, device="cpu") -> dict[str, torch.Tensor]:
+    """Every tensor in a .safetensors file, memory-mapped copy-on-write (writable; the file is never changed)."""
     path = Path(path)
-    header = read_header(path)
-    (n,) = struct.unpack("<Q", path.open("rb").read(8))
+    header, data_start = _read_header(path)
     with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    out = {}
+        # A private copy-on-write map; it keeps its own handle, so the file can be closed right away.
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        start, end = info["data_offsets"]
-        dtype = DTYPES[info["dtype"]]
-        t = torch.frombuffer(mm, dtype=dtype, count=(end - start) // dtype.itemsize, offset=8 + n + start) if end > start else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(info["shape"]).clone().to(device)
-    return out
+        dtype, shape = DTYPES[info["dtype"]], info["shape"]
+        begin, end = info["data_offsets"]
+        if end == begin:  # no bytes (a 0 in the shape)
+            tensor = torch.empty(shape, dtype=dtype)
+        else:  # a view into the map, no copy; it keeps the map alive
+            tensor = torch.frombuffer(data, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin)
+        tensors[name] = tensor.reshape(shape).to(device)  # .to("cpu") is a no-op; another device copies
+    return tensors
+
+
+def load_checkpoint(folder, device="cpu") -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder: model.safetensors, or the shards of model.safetensors.index.json."""
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return load_file(folder / "model.safetensors", device)
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SafetensorsError(f"{index}: not a JSON object with a weight_map ({e!r:.200})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+        raise SafetensorsError(f"{index}: weight_map must map tensor names to shard file names")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if Path(shard).name != shard or shard in ("", ".", ".."):
+            raise SafetensorsError(f"{index}: shard {shard!r} is not a plain file name in {folder}")
+        if not (folder / shard).is_file():
+            example = next(name for name, s in weight_map.items() if s == shard)
+            raise SafetensorsError(f"{index}: shard {shard} (holding e.g. {example!r}) is missing from {folder}; download it again")
+    tensors = {}
+    for shard in shards:
+        for name, tensor in load_file(folder / shard, device).items():
+            if weight_map.get(name) != shard:
+                raise SafetensorsError(f"{folder / shard}: holds {name!r}, which the index assigns to {weight_map.get(name)!r}")
+            tensors[name] = tensor
+    missing = [name for name in weight_map if name not in tensors]
+    if missing:
+        raise SafetensorsError(f"{index}: {len(missing)} tensors are not in their shards, e.g. {missing[0]!r} in {weight_map[missing[0]]}")
+    return tensors

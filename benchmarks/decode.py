@@ -1,0 +1,137 @@
+"""Decode speed: transformers' greedy generate against hardway.generate, side by side, in one process.
+
+    uv run python benchmarks/decode.py --model openai-community/gpt2
+    uv run python benchmarks/decode.py --model HuggingFaceTB/SmolLM2-135M-Instruct --device cuda --dtype bfloat16
+
+Both run on the same checkpoint folder, the same prompt, greedy, a fixed number of new tokens (EOS disabled on both
+sides), with a warm-up and several repetitions; tokens must be identical or the run fails. It prints tokens/s for
+both (medians), the ratio, and the fraction of the bandwidth roofline: batch-1 decoding reads every weight once per
+token, so tok/s ≤ memory bandwidth ÷ weight bytes, with the bandwidth measured in this run by a large copy.
+The last line is the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import hardway  # noqa: E402
+from hardway.hub import checkpoint, models_dir  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_bandwidth(device: str, mib: int = 512, reps: int = 5) -> float:
+    """Bytes/s of a large device-memory copy (read + write), the ceiling batch-1 decode is held to."""
+    src = torch.empty(mib * 2**20 // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / statistics.median(times[1:])
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct parameter storages: a tied embedding is read once per token, so it counts once."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        key = p.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += p.untyped_storage().nbytes()
+    return total
+
+
+def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
+    """The first n tokens of the course's English text, tokenized by the checkpoint's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    corpus = models_dir() / "data" / "shakespeare.txt"
+    text = corpus.read_text(encoding="utf-8")[:20_000] if corpus.exists() else "The quick brown fox jumps over the lazy dog. " * 50
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :n_tokens]
+    if ids.shape[1] < n_tokens:
+        raise SystemExit(f"the text gives only {ids.shape[1]} tokens, fewer than --prompt-tokens {n_tokens}")
+    return ids
+
+
+def time_runs(fn, device: str, reps: int) -> tuple[list[float], torch.Tensor]:
+    out = fn()  # warm-up: allocator, kernels, caches
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def main(argv=None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="hub id or local folder")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--compile", action="store_true", help="also time hardway's compiled decode step (CUDA)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+
+    from transformers import AutoModelForCausalLM
+
+    folder = checkpoint(args.model)
+    ids = prompt_ids(folder, args.prompt_tokens).to(args.device)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval()
+    ours = hardway.load(folder, device=args.device, dtype=dtype)
+    n = args.new_tokens
+
+    def run_theirs():
+        with torch.inference_mode():
+            return theirs.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    def run_ours():
+        return hardway.generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
+
+    t_theirs, out_theirs = time_runs(run_theirs, args.device, args.reps)
+    t_ours, out_ours = time_runs(run_ours, args.device, args.reps)
+    if out_theirs.shape != out_ours.shape or not torch.equal(out_theirs.cpu(), out_ours.cpu()):
+        raise SystemExit("FAIL: hardway.generate and transformers' generate produced different tokens")
+
+    bandwidth = measure_bandwidth(args.device)
+    wbytes = weight_bytes(ours)
+    tps_theirs = n / statistics.median(t_theirs)
+    tps_ours = n / statistics.median(t_ours)
+    roofline = bandwidth / wbytes
+    print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}")
+    print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} timed runs after a warm-up; tokens identical")
+    print(f"weights {wbytes / 1e6:.1f} MB; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s; roofline {roofline:.1f} tok/s")
+    print(f"transformers generate: {tps_theirs:8.1f} tok/s  ({tps_theirs / roofline:.0%} of roofline)")
+    print(f"hardway generate:      {tps_ours:8.1f} tok/s  ({tps_ours / roofline:.0%} of roofline)")
+    ratio = tps_ours / tps_theirs
+    print(f"ratio hardway / transformers: {ratio:.2f}")
+    return ratio
+
+
+if __name__ == "__main__":
+    main()
