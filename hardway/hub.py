@@ -129,7 +129,7 @@ def _fetch(session, repo_id: str, filename: str, revision: str, local_dir: Path,
         if attempt:
             time.sleep(RETRY_WAIT * 2 ** (attempt - 1))
         have = part.stat().st_size if part.exists() else 0
-        headers = {}
+        headers = {"Range": f"bytes={have}-"} if have else {}
         try:
             with session.get(url, headers=headers, stream=True, timeout=TIMEOUT) as response:
                 if response.status_code == 404 and optional:
