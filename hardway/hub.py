@@ -60,9 +60,10 @@ def _check_filename(filename: str, repo_id: str) -> None:
         raise ValueError(f"{filename!r} (in {repo_id}) is not a relative file name inside the repo")
 
 
-def _url(repo_id: str, revision: str, filename: str) -> str:
+def _url(repo_id: str, revision: str, filename: str, repo_type: str = "model") -> str:
     endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
-    return f"{endpoint.rstrip('/')}/{repo_id}/resolve/{quote(revision, safe='')}/{quote(filename)}"
+    prefix = {"model": "", "dataset": "datasets/"}[repo_type]  # datasets live under /datasets/ on the hub
+    return f"{endpoint.rstrip('/')}/{prefix}{repo_id}/resolve/{quote(revision, safe='')}/{quote(filename)}"
 
 
 def _session() -> requests.Session:
@@ -112,10 +113,11 @@ def _total_size(response: requests.Response, have: int) -> int | None:
     return int(length) if length.isdigit() else None
 
 
-def _fetch(session, repo_id: str, filename: str, revision: str, local_dir: Path, optional: bool = False) -> bool:
+def _fetch(session, repo_id: str, filename: str, revision: str, local_dir: Path, optional: bool = False,
+           repo_type: str = "model") -> bool:
     """Download one file to local_dir/filename. False when an optional file is not in the repo."""
     _check_filename(filename, repo_id)
-    url = _url(repo_id, revision, filename)
+    url = _url(repo_id, revision, filename, repo_type)
     dest = local_dir / filename
     if dest.exists():
         # A file under its final name was complete when written; it is replaced only if the hub says its size changed.
@@ -164,7 +166,7 @@ def _fetch(session, repo_id: str, filename: str, revision: str, local_dir: Path,
     )
 
 
-def download(repo_id: str, filenames=None, revision: str = "main", local_dir=None) -> Path:
+def download(repo_id: str, filenames=None, revision: str = "main", local_dir=None, repo_type: str = "model") -> Path:
     """Download files of a hub repo into local_dir (default models_dir()/repo_id) and return that folder.
 
     filenames=None fetches a model: config.json, generation_config.json (if any), model.safetensors or the
@@ -172,11 +174,15 @@ def download(repo_id: str, filenames=None, revision: str = "main", local_dir=Non
     ones resume. $HF_ENDPOINT replaces the hub's address, $HF_TOKEN is sent as a Bearer token.
     """
     _check_repo_id(repo_id)
+    if repo_type not in ("model", "dataset"):
+        raise ValueError(f"repo_type must be 'model' or 'dataset', got {repo_type!r}")
+    if repo_type == "dataset" and filenames is None:
+        raise ValueError(f"name the files to download from the dataset {repo_id}")
     local_dir = Path(local_dir) if local_dir is not None else models_dir() / repo_id
     session = _session()
 
     def fetch(name, optional=False):
-        return _fetch(session, repo_id, name, revision, local_dir, optional)
+        return _fetch(session, repo_id, name, revision, local_dir, optional, repo_type)
 
     if filenames is not None:
         for name in filenames:
@@ -197,6 +203,14 @@ def download(repo_id: str, filenames=None, revision: str = "main", local_dir=Non
     for name in TOKENIZER_FILES:
         fetch(name, optional=True)
     return local_dir
+
+
+def dataset_file(repo_id: str, filename: str, revision: str = "main") -> Path:
+    """One file of a hub dataset, downloaded once into models_dir()/datasets/<repo_id>/ (e.g. WikiText-2's test split)."""
+    local_dir = models_dir() / "datasets" / repo_id
+    if not (local_dir / filename).exists():
+        download(repo_id, [filename], revision, local_dir, repo_type="dataset")
+    return local_dir / filename
 
 
 def checkpoint(repo_id_or_path, filenames=None) -> Path:

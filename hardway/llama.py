@@ -6,14 +6,14 @@ Written to match transformers' LlamaForCausalLM / Qwen2ForCausalLM bit for bit i
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from hardway.loading import ARCHITECTURES, load_tensors, read_config, read_eos_token_ids  # lesson 06
 
 
 class ConfigError(ValueError):
@@ -100,15 +100,9 @@ class ModelConfig:
     @classmethod
     def from_folder(cls, folder) -> "ModelConfig":
         """config.json, with eos_token_id from generation_config.json when that file sets it (as generate does)."""
-        folder = Path(folder)
-        if not (folder / "config.json").exists():
-            raise ConfigError(f"{folder} has no config.json")
-        config = cls.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
-        generation = folder / "generation_config.json"
-        if generation.exists():
-            eos = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")
-            if eos is not None:
-                config.eos_token_id = [eos] if isinstance(eos, int) else list(eos)
+        d = read_config(folder)
+        config = cls.from_dict(d)
+        config.eos_token_id = read_eos_token_ids(folder, d)  # lesson 06
         return config
 
 
@@ -264,7 +258,8 @@ class Llama(nn.Module):
     def from_pretrained(cls, folder, device="cpu", dtype=torch.float32) -> "Llama":
         """A Llama (or Qwen2) from a folder with config.json and safetensors weights, cast to `dtype` on `device`.
 
-        The loading functions (load_tensors, load_weights) are defined below, in the order the lesson explains them."""
+        load_tensors (lesson 06) reads model.safetensors or the shards of model.safetensors.index.json;
+        load_weights, defined below where the lesson explains it, checks them and makes them the parameters."""
         config = ModelConfig.from_folder(folder)
         with torch.device("meta"):  # shapes only: allocate nothing until the real weights arrive
             model = cls(config)
@@ -325,20 +320,6 @@ def hub_to_hardway_names(config: ModelConfig) -> dict[str, str]:
     return names
 
 
-def load_tensors(folder) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint folder: one model.safetensors, or shards listed in model.safetensors.index.json."""
-    folder = Path(folder)
-    if (folder / "model.safetensors.index.json").exists():
-        from hardway.safetensors import load_checkpoint  # lesson 01
-
-        return load_checkpoint(folder)
-    if (folder / "model.safetensors").exists():
-        from hardway.safetensors import load_file  # lesson 01
-
-        return load_file(folder / "model.safetensors")
-    raise CheckpointError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
-
-
 def load_weights(model: Llama, tensors: dict[str, torch.Tensor], device="cpu", dtype=torch.float32) -> Llama:
     """Check `tensors` (hub names) against the model's config, then make them the model's parameters."""
     names = hub_to_hardway_names(model.config)
@@ -364,3 +345,8 @@ def load_weights(model: Llama, tensors: dict[str, torch.Tensor], device="cpu", d
         model.lm_head.weight = model.tok_emb.weight  # assign gave each name its own Parameter: tie them again
     model.rope = RotaryEmbedding(model.config, device=device)  # the meta skeleton had no frequencies: compute them
     return model
+
+
+# hardway.load() dispatches on config.json's model_type; Qwen2 is this architecture with q/k/v biases
+ARCHITECTURES["llama"] = Llama.from_pretrained
+ARCHITECTURES["qwen2"] = Llama.from_pretrained

@@ -322,3 +322,16 @@ def test_checkpoint_of_a_standin_never_touches_the_network(monkeypatch, capsys):
     folder = checkpoint("openai-community/gpt2")  # HARDWAY_MODELS points at the stand-ins in every test run
     assert folder == models_dir() / "openai-community/gpt2" and (folder / "model.safetensors").exists()
     assert "STAND-IN" in capsys.readouterr().out
+
+
+def test_dataset_files_come_from_the_datasets_path(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HARDWAY_MODELS", str(tmp_path))
+    name = "wikitext-2-raw-v1/test-00000-of-00001.parquet"
+    hub.files[f"/datasets/Salesforce/wikitext/resolve/main/{name}"] = b"PAR1 data"
+    path = hub_module.dataset_file("Salesforce/wikitext", name)
+    assert path == tmp_path / "datasets" / "Salesforce/wikitext" / name and path.read_bytes() == b"PAR1 data"
+    assert [p for _, p, _ in hub.requests] == [f"/datasets/Salesforce/wikitext/resolve/main/{name}"]
+    hub_module.dataset_file("Salesforce/wikitext", name)  # present: no second request
+    assert len(hub.requests) == 1
+    with pytest.raises(ValueError, match="name the files"):
+        download("Salesforce/wikitext", repo_type="dataset")

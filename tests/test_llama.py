@@ -16,7 +16,9 @@ from safetensors.torch import load_file as st_load, save_file as st_save
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from hardway.generation import generate
 from hardway.hub import checkpoint
+from hardway.loading import load
 from hardway.llama import CheckpointError, ConfigError, Llama, ModelConfig, hub_to_hardway_names, rope_inv_freq
 
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -65,20 +67,6 @@ def reference(folder, dtype=torch.float32):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
 
 
-def greedy_with_cache(model, ids, n_new, eos_token_ids=()):
-    """Greedy decoding with a KV cache: prefill once, then one token per step (what transformers' generate does)."""
-    cache = model.new_kv_cache(ids.shape[0], ids.shape[1] + n_new)
-    logits = model(ids, kv_cache=cache, start_pos=0)  # (B, T, vocab)
-    out = ids
-    for _ in range(n_new):
-        next_id = logits[:, -1].float().argmax(-1, keepdim=True)  # (B, 1)
-        out = torch.cat([out, next_id], dim=1)
-        if next_id.item() in eos_token_ids:
-            break
-        logits = model(next_id, kv_cache=cache, start_pos=out.shape[1] - 1)
-    return out
-
-
 def hf_greedy(hf, ids, n_new, eos=True):
     if not eos:  # random models: a fixed number of tokens, no early stop
         hf.generation_config.eos_token_id = None
@@ -108,7 +96,7 @@ def test_20_greedy_tokens_match_transformers(case, tmp_path):
     hf, model = reference(folder), Llama.from_pretrained(folder)
     ids = torch.randint(0, TINY["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        ours = greedy_with_cache(model, ids, 20)
+        ours = generate(model, ids, max_new_tokens=20, eos_token_id=None)
         theirs = hf_greedy(hf, ids, 20, eos=False)
     assert theirs.shape[1] == 27
     assert ours.tolist() == theirs.tolist()
@@ -126,6 +114,14 @@ def test_cache_paths_agree_with_the_full_forward(case, tmp_path):
         chunks += [model(ids[:, t:t + 1], cache, t) for t in range(13, 20)]  # then one token at a time
         stepped = torch.cat(chunks, dim=1)
     assert (stepped - full).abs().max().item() <= MAX_DELTA
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2"])
+def test_hardway_load_dispatches_llama_and_qwen2(case, tmp_path):
+    folder = make_checkpoint(case, "single", tmp_path)
+    model = load(folder, dtype=torch.float32)
+    assert isinstance(model, Llama) and model.config.model_type == case
+    assert model.config.attention_bias == (case == "qwen2")
 
 
 def test_llama3_scaling_changes_the_frequencies_and_matches_transformers(tmp_path):
@@ -249,7 +245,7 @@ def test_smollm2_bf16_50_greedy_tokens_match_transformers(smollm2):
     assert hf.dtype == torch.bfloat16
     with torch.inference_mode():
         theirs = hf_greedy(hf, ids, 50, eos=False)  # exactly 50 new tokens
-        ours = greedy_with_cache(model, ids, 50)
+        ours = generate(model, ids, max_new_tokens=50, eos_token_id=None)
     assert theirs.shape[1] == ids.shape[1] + 50
     n_same = next((i for i, (a, b) in enumerate(zip(ours[0].tolist(), theirs[0].tolist())) if a != b),
                   min(ours.shape[1], theirs.shape[1]))
