@@ -86,7 +86,3 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:  # bad input, a missing or gated checkpoint: one clear line, no traceback
         print(f"hardway {args.command}: error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -213,6 +213,9 @@ def dataset_file(repo_id: str, filename: str, revision: str = "main") -> Path:
     return local_dir / filename
 
 
+_BANNERS_SHOWN: set[Path] = set()
+
+
 def checkpoint(repo_id_or_path, filenames=None) -> Path:
     """A local folder for a hub repo id (downloading it when absent), or the folder itself if given one."""
     p = Path(repo_id_or_path)
@@ -223,7 +226,8 @@ def checkpoint(repo_id_or_path, filenames=None) -> Path:
         # Absent, or left half-done by an interrupted download (an .incomplete file): (re)download, which resumes.
         if not folder.is_dir() or any(folder.rglob("*.incomplete")):
             download(str(repo_id_or_path), filenames, local_dir=folder)
-    if is_standin(folder):
+    if is_standin(folder) and folder.resolve() not in _BANNERS_SHOWN:  # once per folder and process
+        _BANNERS_SHOWN.add(folder.resolve())
         first = (folder / "STANDIN.md").read_text().strip().splitlines()[0].lstrip("# ")
         print(f"⚠️  STAND-IN: {folder} — {first}. See its STANDIN.md.")
     return folder

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from hardway.hub import checkpoint
-from hardway.safetensors import load_file
+from hardway.safetensors import load_checkpoint
 
 # config.json's model_type -> from_pretrained(folder, device, dtype) returning the model
 ARCHITECTURES: dict[str, Callable] = {}
@@ -37,15 +37,8 @@ def read_eos_token_ids(folder, config: dict) -> list[int]:
 
 
 def load_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint folder: one model.safetensors, or shards listed in model.safetensors.index.json."""
-    folder = Path(folder)
-    if (folder / "model.safetensors.index.json").is_file():
-        from hardway.safetensors import load_checkpoint  # lesson 01's sharded loader
-
-        return load_checkpoint(folder)
-    if not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
-    return load_file(folder / "model.safetensors", device=device)
+    """Every tensor of a checkpoint folder: one model.safetensors, or the shards of model.safetensors.index.json."""
+    return load_checkpoint(folder, device=device)  # lesson 01
 
 
 def load(name_or_path, device="cpu", dtype=torch.float32):
@@ -53,7 +46,8 @@ def load(name_or_path, device="cpu", dtype=torch.float32):
     folder = checkpoint(name_or_path)
     model_type = read_config(folder).get("model_type")
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"{folder}/config.json has model_type {model_type!r}; supported: {sorted(ARCHITECTURES)}")
+        raise ValueError(f"{folder}/config.json has model_type {model_type!r}; supported: {sorted(ARCHITECTURES)} "
+                         "(a model module registers when imported: hardway.load imports them all)")
     return ARCHITECTURES[model_type](folder, device=device, dtype=dtype)
 
 

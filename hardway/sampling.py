@@ -100,11 +100,12 @@ def build_processors(do_sample: bool = False, temperature: float | None = None, 
     if repetition_penalty is not None and repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
     if do_sample:
-        if temperature is not None and temperature != 1.0:
+        # Construct every configured warper, even a neutral one, so a bad value (top_p=1.5) is an error, not ignored.
+        if temperature is not None and TemperatureLogitsWarper(temperature).temperature != 1.0:
             processors.append(TemperatureLogitsWarper(temperature))
         if top_k is not None and top_k != 0:
             processors.append(TopKLogitsWarper(top_k))
-        if top_p is not None and top_p < 1.0:
+        if top_p is not None and TopPLogitsWarper(top_p).top_p < 1.0:
             processors.append(TopPLogitsWarper(top_p))
     return processors
 

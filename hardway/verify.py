@@ -30,7 +30,9 @@ class Check:
 def load_reference(folder, device="cpu", dtype=torch.float32):
     """transformers' model for the same folder: dtype given at load (so RoPE's inv_freq stays fp32), SDPA attention."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()  # its per-load progress bar would bury the report
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 
 

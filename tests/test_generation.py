@@ -51,56 +51,54 @@ def test_prompt_ids_are_what_the_comments_say():
     assert tok.encode("Once upon a time there was a little girl who") == PROMPT_2
 
 
-def test_50_greedy_tokens_equal_transformers(ours, reference):
+@pytest.fixture(scope="module")
+def greedy50(ours):
+    """Our 50 greedy tokens after PROMPT with GPT-2's EOS rule, (1, 10 + 50); reused to keep the tests short."""
+    return generate(ours, prompt(), max_new_tokens=50)
+
+
+def test_50_greedy_tokens_equal_transformers(ours, reference, greedy50):
     ids = prompt()
-    a = generate(ours, ids, max_new_tokens=50)  # eos from ours.eos_token_ids
-    b = hf_generate(reference, ids, max_new_tokens=50, do_sample=False)
+    b = hf_generate(reference, ids, max_new_tokens=50, do_sample=False)  # eos 50256 from GPT-2's config
     assert ours.eos_token_ids == [50256]
-    assert a.shape == b.shape, f"ours {tuple(a.shape)} vs transformers {tuple(b.shape)}"
+    assert greedy50.shape == b.shape, f"ours {tuple(greedy50.shape)} vs transformers {tuple(b.shape)}"
     n = ids.shape[1]
-    assert torch.equal(a, b), f"{int((a[0, n:] == b[0, n:]).sum())}/{a.shape[1] - n} new tokens identical"
-    assert torch.equal(a[:, :n], ids), "the prompt is part of the output"
+    assert torch.equal(greedy50, b), f"{int((greedy50[0, n:] == b[0, n:]).sum())}/50 new tokens identical"
+    assert torch.equal(greedy50[:, :n], ids), "the prompt is part of the output"
 
 
-def test_fixed_length_without_eos_equals_transformers(ours, reference):
+def test_naive_equals_cached_greedy_and_sampled(ours, greedy50):
     ids = prompt()
-    a = generate(ours, ids, max_new_tokens=20, eos_token_id=None)
-    b = hf_generate(reference, ids, max_new_tokens=20, do_sample=False, eos_token_id=None)
-    assert a.shape == (1, len(PROMPT) + 20)
-    assert torch.equal(a, b)
-
-
-def test_naive_equals_cached_greedy_and_sampled(ours):
-    ids = prompt(PROMPT, PROMPT_2)
-    greedy_cached = generate(ours, ids, max_new_tokens=24, eos_token_id=None)
-    greedy_naive = generate(ours, ids, max_new_tokens=24, eos_token_id=None, use_cache=False)
-    assert torch.equal(greedy_cached, greedy_naive)
+    assert greedy50.shape == (1, 60), "greedy run stopped early at an EOS; the slices below assume 50 tokens"
+    naive = generate(ours, ids, max_new_tokens=20, eos_token_id=None, use_cache=False)
+    assert torch.equal(naive, greedy50[:, :30])
+    assert torch.equal(generate(ours, ids, max_new_tokens=20, eos_token_id=None), naive)
     settings = dict(do_sample=True, temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.2, eos_token_id=None)
-    sampled_cached = generate(ours, ids, 16, generator=torch.Generator().manual_seed(5), **settings)
-    sampled_naive = generate(ours, ids, 16, generator=torch.Generator().manual_seed(5), use_cache=False, **settings)
+    sampled_cached = generate(ours, ids, 8, generator=torch.Generator().manual_seed(5), **settings)
+    sampled_naive = generate(ours, ids, 8, generator=torch.Generator().manual_seed(5), use_cache=False, **settings)
     assert torch.equal(sampled_cached, sampled_naive)
 
 
 def test_seeded_sampling_is_reproducible_and_equals_transformers_with_the_same_global_seed(ours, reference):
     ids = prompt()
     settings = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.3)
-    a = generate(ours, ids, 20, generator=torch.Generator().manual_seed(1), **settings)
-    b = generate(ours, ids, 20, generator=torch.Generator().manual_seed(1), **settings)
-    c = generate(ours, ids, 20, generator=torch.Generator().manual_seed(2), **settings)
+    a = generate(ours, ids, 10, generator=torch.Generator().manual_seed(1), **settings)
+    b = generate(ours, ids, 10, generator=torch.Generator().manual_seed(1), **settings)
+    c = generate(ours, ids, 10, generator=torch.Generator().manual_seed(2), **settings)
     assert torch.equal(a, b) and not torch.equal(a, c)
     torch.manual_seed(1234)
-    ours_global = generate(ours, ids, 20, **settings)  # generator=None: torch's global RNG, as transformers
+    ours_global = generate(ours, ids, 10, **settings)  # generator=None: torch's global RNG, as transformers
     torch.manual_seed(1234)
-    theirs = hf_generate(reference, ids, max_new_tokens=20, **settings)
+    theirs = hf_generate(reference, ids, max_new_tokens=10, **settings)
     assert torch.equal(ours_global, theirs)
 
 
-def test_repetition_penalty_applies_in_greedy_mode_like_transformers(ours, reference):
+def test_repetition_penalty_applies_in_greedy_mode_like_transformers(ours, reference, greedy50):
     ids = prompt()
-    a = generate(ours, ids, 20, repetition_penalty=1.5, eos_token_id=None)
-    b = hf_generate(reference, ids, max_new_tokens=20, do_sample=False, repetition_penalty=1.5, eos_token_id=None)
+    a = generate(ours, ids, 12, repetition_penalty=1.5, eos_token_id=None)
+    b = hf_generate(reference, ids, max_new_tokens=12, do_sample=False, repetition_penalty=1.5, eos_token_id=None)
     assert torch.equal(a, b)
-    assert not torch.equal(a, generate(ours, ids, 20, eos_token_id=None)), "penalty changed nothing: test is vacuous"
+    assert not torch.equal(a, greedy50[:, :22]), "the penalty changed nothing: the test would be vacuous"
 
 
 def first_new_token_at_or_after(seq, step):
@@ -108,44 +106,40 @@ def first_new_token_at_or_after(seq, step):
     for i in range(step, len(seq)):
         if seq[i] not in seq[:i]:
             return i, seq[i]
-    pytest.skip("greedy output has no new token to use as EOS")
+    pytest.fail(f"greedy output {seq} has no new token at or after step {step} to use as EOS")
 
 
-def test_eos_stopping_rule_equals_transformers(ours, reference):
+def test_eos_stopping_rule_equals_transformers(ours, reference, greedy50):
     ids = prompt()
     n = ids.shape[1]
-    free = generate(ours, ids, 30, eos_token_id=None)[0, n:].tolist()
-    step, eos = first_new_token_at_or_after(free, 5)
-    a = generate(ours, ids, 30, eos_token_id=eos)
-    b = hf_generate(reference, ids, max_new_tokens=30, do_sample=False, eos_token_id=eos)
+    step, eos = first_new_token_at_or_after(greedy50[0, n:].tolist(), 5)
+    a = generate(ours, ids, 50, eos_token_id=eos)
+    b = hf_generate(reference, ids, max_new_tokens=50, do_sample=False, eos_token_id=eos)
     assert a.shape == (1, n + step + 1), "must stop right after the first EOS, keeping it"
     assert a[0, -1].item() == eos
     assert torch.equal(a, b)
     # a list of EOS ids: the first of them to appear stops generation
-    a = generate(ours, ids, 30, eos_token_id=[12345, eos])
-    b = hf_generate(reference, ids, max_new_tokens=30, do_sample=False, eos_token_id=[12345, eos], pad_token_id=12345)
+    a = generate(ours, ids, 50, eos_token_id=[12345, eos])
+    b = hf_generate(reference, ids, max_new_tokens=50, do_sample=False, eos_token_id=[12345, eos], pad_token_id=12345)
     assert a.shape == (1, n + step + 1) and torch.equal(a, b)
 
 
-def test_batch_of_two_equals_transformers(ours, reference):
-    ids = prompt(PROMPT, PROMPT_2)
-    a = generate(ours, ids, 20)
-    b = hf_generate(reference, ids, max_new_tokens=20, do_sample=False)
-    assert torch.equal(a, b)
-    assert torch.equal(a[0:1], generate(ours, ids[0:1], 20)), "row 0 of the batch differs from row 0 alone"
-
-
-def test_batch_eos_pads_finished_rows_like_transformers(ours, reference):
+def test_batch_of_two_equals_transformers_and_pads_finished_rows_like_it(ours, reference, greedy50):
     ids = prompt(PROMPT, PROMPT_2)
     n = ids.shape[1]
-    free = generate(ours, ids, 20, eos_token_id=None)[:, n:].tolist()  # (2, 20)
+    a = generate(ours, ids, 16)
+    b = hf_generate(reference, ids, max_new_tokens=16, do_sample=False)
+    assert torch.equal(a, b)
+    assert a.shape == (2, n + 16), "a row emitted GPT-2's EOS; the EOS case below assumes none did"
+    assert torch.equal(a[0:1], greedy50[:, :n + 16]), "row 0 of the batch differs from the same prompt alone"
+    # EOS in a batch: a token only row 0 generates finishes row 0 early; row 1 runs on; row 0 is padded with the EOS
+    free = a[:, n:].tolist()  # (2, 16)
     candidates = [(i, t) for i, t in enumerate(free[0]) if t not in free[0][:i] and t not in free[1]]
-    if not candidates:
-        pytest.skip("no token that only row 0 generates")
+    assert candidates, f"no token that only row 0 generates: {free}"
     step, eos = candidates[0]
-    a = generate(ours, ids, 20, eos_token_id=eos)
-    b = hf_generate(reference, ids, max_new_tokens=20, do_sample=False, eos_token_id=eos)
-    assert a.shape == (2, n + 20), "row 1 never emits EOS, so the batch runs the full length"
+    a = generate(ours, ids, 16, eos_token_id=eos)
+    b = hf_generate(reference, ids, max_new_tokens=16, do_sample=False, eos_token_id=eos)
+    assert a.shape == (2, n + 16), "row 1 never emits EOS, so the batch runs the full length"
     assert (a[0, n + step:] == eos).all(), "row 0 ends with its EOS followed by EOS padding"
     assert torch.equal(a[1], torch.tensor(PROMPT_2 + free[1])), "row 1 is unaffected by row 0 finishing"
     assert torch.equal(a, b)

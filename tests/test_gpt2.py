@@ -80,6 +80,16 @@ def test_tiny_save_pretrained_spelling_matches_transformers(tiny):
     assert delta <= TOL, f"max |Δ logits| = {delta:.3e}"
 
 
+def test_sharded_checkpoint(tiny, tmp_path):
+    """save_pretrained with a small max_shard_size writes model.safetensors.index.json + shards."""
+    folder, reference = tiny
+    reference.save_pretrained(tmp_path, max_shard_size="50KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and not (tmp_path / "model.safetensors").exists()
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.inference_mode():
+        assert (forward_once(load(tmp_path), ids) - reference(ids).logits).abs().max() <= TOL
+
+
 def test_head_is_tied_not_copied(tiny):
     model = load(tiny[0])
     names = [name for name, _ in model.named_parameters()]

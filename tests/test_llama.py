@@ -8,7 +8,6 @@ real weights (the offline stand-in) in fp32 and bf16.
 """
 
 import json
-import math
 
 import pytest
 import torch
@@ -212,7 +211,8 @@ def test_unexpected_tensor_is_named(tmp_path):
 def test_unsupported_configs_are_refused_clearly(change, problem, tmp_path):
     folder = make_checkpoint("llama", "single", tmp_path)
     cfg = {**json.loads((folder / "config.json").read_text()), **change}
-    cfg.pop("rope_parameters") if "rope_scaling" in change else None
+    if "rope_scaling" in change:  # rope_parameters would take precedence over the hub spelling
+        cfg.pop("rope_parameters")
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=problem):
         Llama.from_pretrained(folder)
