@@ -13,6 +13,7 @@ The last line is the ratio.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -23,39 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hardway  # noqa: E402
+from hardway.fast_decode import CompiledDecodeStep, sync_device as sync, measure_bandwidth, weight_bytes  # noqa: E402
 from hardway.hub import checkpoint, models_dir  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def measure_bandwidth(device: str, mib: int = 512, reps: int = 5) -> float:
-    """Bytes/s of a large device-memory copy (read + write), the ceiling batch-1 decode is held to."""
-    src = torch.empty(mib * 2**20 // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(reps + 1):
-        sync(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / statistics.median(times[1:])
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the distinct parameter storages: a tied embedding is read once per token, so it counts once."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        key = p.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += p.untyped_storage().nbytes()
-    return total
 
 
 def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
@@ -91,11 +63,12 @@ def main(argv=None) -> float:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2, the course's CPU)")
     parser.add_argument("--compile", action="store_true", help="also time hardway's compiled decode step (CUDA)")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.compile and not args.device.startswith("cuda"):
+        raise SystemExit("--compile is the CUDA-graphs path: use it with --device cuda")
+    torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
 
     from transformers import AutoModelForCausalLM
@@ -117,19 +90,35 @@ def main(argv=None) -> float:
     t_ours, out_ours = time_runs(run_ours, args.device, args.reps)
     if out_theirs.shape != out_ours.shape or not torch.equal(out_theirs.cpu(), out_ours.cpu()):
         raise SystemExit("FAIL: hardway.generate and transformers' generate produced different tokens")
+    t_compiled = None
+    if args.compile:  # the compiled one-token step, replayed as CUDA graphs; its warm-up compiles and records
+        step = CompiledDecodeStep(ours, max_len=ids.shape[1] + n)
+        t_compiled, out_compiled = time_runs(lambda: step.generate(ids, n, do_sample=False, eos_token_id=None),
+                                             args.device, args.reps)
+        same_compiled = torch.equal(out_compiled.cpu(), out_ours.cpu())
 
     bandwidth = measure_bandwidth(args.device)
     wbytes = weight_bytes(ours)
     tps_theirs = n / statistics.median(t_theirs)
     tps_ours = n / statistics.median(t_ours)
     roofline = bandwidth / wbytes
-    print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}  "
+          f"load average {load}")
     print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} timed runs after a warm-up; tokens identical")
     print(f"weights {wbytes / 1e6:.1f} MB; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s; roofline {roofline:.1f} tok/s")
     print(f"transformers generate: {tps_theirs:8.1f} tok/s  ({tps_theirs / roofline:.0%} of roofline)")
     print(f"hardway generate:      {tps_ours:8.1f} tok/s  ({tps_ours / roofline:.0%} of roofline)")
     ratio = tps_ours / tps_theirs
-    print(f"ratio hardway / transformers: {ratio:.2f}")
+    if t_compiled is not None:
+        tps_compiled = n / statistics.median(t_compiled)
+        print(f"hardway compiled:      {tps_compiled:8.1f} tok/s  ({tps_compiled / roofline:.0%} of roofline); "
+              f"tokens identical to eager: {same_compiled}")
+        print(f"ratio hardway eager / transformers: {ratio:.2f}")
+        ratio = tps_compiled / tps_theirs
+        print(f"ratio hardway compiled / transformers: {ratio:.2f}")
+    else:
+        print(f"ratio hardway / transformers: {ratio:.2f}")
     return ratio
 
 

@@ -3,6 +3,7 @@
 """Autoregressive generation: prefill the prompt once into a KV cache, then one token per step."""
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -25,7 +26,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              repetition_penalty: float | None = None, eos_token_id=_MODEL_EOS,
              generator: torch.Generator | None = None, use_cache: bool = True,
-             on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+             on_token: Callable[[torch.Tensor], None] | None = None,
+             decode_step: Callable | None = None, kv_cache=None) -> torch.Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
     Decoding follows transformers' generate: the last position's logits, cast to fp32, go through the processors
@@ -33,7 +35,12 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample
     it emits an EOS token (the EOS is kept); a finished row is padded with the first EOS id while the others go on,
     and the loop ends when every row has finished. `eos_token_id`: an id or list of ids, None for a fixed length,
     default `model.eos_token_ids`. `use_cache=False` re-runs the whole sequence every step (the naive loop).
-    `on_token(next_ids (B,))` is called after each step, e.g. to stream text.
+    `on_token(next_ids (B,))` is called after each step, e.g. to stream text. `decode_step(ids (B, 1), cache,
+    start_pos) -> logits (B, 1, V)` replaces the model for the one-token steps (lesson 12 passes a compiled one);
+    `kv_cache` reuses a preallocated KVCache (batch B, room for T + max_new_tokens) instead of allocating one.
+
+    Nothing grows with the sequence: the output ids live in one buffer allocated up front, the cache is
+    preallocated, and the model computes the head on the last position only (`last_only=True`).
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a LongTensor of shape (B, T), got "
@@ -51,27 +58,38 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample
     eos_ids = torch.tensor(eos, dtype=torch.long, device=input_ids.device)  # (n_eos,)
     processors = build_processors(do_sample, temperature, top_k, top_p, repetition_penalty)
 
-    ids = input_ids  # (B, T): grows by one column per step
+    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=input_ids.device)  # (B, T + new): all ids
+    out[:, :T] = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # (B,)
     if use_cache:
-        cache = model.new_kv_cache(B, T + max_new_tokens)
-        logits = model(ids, kv_cache=cache, start_pos=0)  # (B, T, V): prefill, every prompt position at once
+        cache = model.new_kv_cache(B, T + max_new_tokens) if kv_cache is None else kv_cache
+        if cache.batch_size != B or cache.max_len < T + max_new_tokens:
+            raise ValueError(f"kv_cache holds batch {cache.batch_size} x {cache.max_len} positions; this call needs "
+                             f"batch {B} x {T + max_new_tokens}")
+        step_fn = model if decode_step is None else decode_step
+        # Prefill, once. A model whose forward takes `last_only` computes the head on the last position only.
+        forward = getattr(model, "forward", model)  # an nn.Module's own signature is (*args, **kwargs)
+        last_only = {"last_only": True} if "last_only" in inspect.signature(forward).parameters else {}
+        logits = model(input_ids, kv_cache=cache, start_pos=0, **last_only)  # (B, 1 or T, V)
     else:
-        logits = model(ids)  # (B, T, V)
+        logits = model(input_ids)  # (B, T, V)
+    n = T  # ids written so far
     for step in range(max_new_tokens):
         scores = logits[:, -1, :].float()  # (B, V): only the last position predicts the next token
-        scores = processors(ids, scores)  # (B, V)
+        if processors:  # greedy without a repetition penalty has none: skip even the call
+            scores = processors(out[:, :n], scores)  # (B, V)
         next_ids = sample_next_token(scores, do_sample, generator)  # (B,)
         if eos:
             next_ids = torch.where(finished, eos_ids[0], next_ids)  # finished rows are padded with the EOS id
             finished |= torch.isin(next_ids, eos_ids)
-        ids = torch.cat([ids, next_ids[:, None]], dim=1)  # (B, T + step + 1)
+        out[:, n] = next_ids  # in place: no torch.cat, no new tensor per step
+        n += 1
         if on_token is not None:
             on_token(next_ids)
-        if finished.all() or step == max_new_tokens - 1:
+        if step == max_new_tokens - 1 or (eos and finished.all()):
             break  # no forward pass for a token nobody will read
         if use_cache:
-            logits = model(next_ids[:, None], kv_cache=cache, start_pos=ids.shape[1] - 1)  # (B, 1, V)
+            logits = step_fn(out[:, n - 1:n], kv_cache=cache, start_pos=n - 1)  # (B, 1, V)
         else:
-            logits = model(ids)  # (B, T + step + 1, V): the whole sequence again
-    return ids
+            logits = model(out[:, :n])  # (B, n, V): the whole sequence again
+    return out[:, :n]

@@ -202,7 +202,8 @@ def gpt2_state_dict(tensors: dict[str, torch.Tensor], model: "GPT") -> dict[str,
     return out
 
 
-from hardway.loading import ARCHITECTURES, load_tensors, read_config, read_eos_token_ids  # noqa: E402
+from hardway.loading import (ARCHITECTURES, decode_layout, load_tensors, read_config,  # noqa: E402
+                             read_eos_token_ids, use_decode_layout)
 
 
 class GPT(nn.Module):
@@ -218,11 +219,15 @@ class GPT(nn.Module):
         self.max_seq_len = config.n_positions
         self.eos_token_ids = list(config.eos_token_ids)
 
-    def forward(self, input_ids: torch.Tensor, kv_cache=None, start_pos: int = 0) -> torch.Tensor:
-        """input_ids (B, T) at positions start_pos..start_pos+T-1 -> logits (B, T, V)."""
+    def forward(self, input_ids: torch.Tensor, kv_cache=None, start_pos: int = 0,
+                last_only: bool = False) -> torch.Tensor:
+        """input_ids (B, T) at positions start_pos..start_pos+T-1 -> logits (B, T, V), or (B, 1, V) with
+        last_only=True: generation reads only the last position, and the head is the biggest matmul (lesson 12)."""
         x = embed_tokens(self.wte, self.wpe, input_ids, start_pos)  # (B, T, C)
         for block in self.h:
             x = block(x, kv_cache, start_pos)  # (B, T, C)
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
         x = self.ln_f(x)  # (B, T, C)
         return F.linear(x, self.wte.weight)  # (B, T, V): x @ wte.T, the tied head
 
@@ -246,6 +251,8 @@ class GPT(nn.Module):
             model = cls(config)  # shapes only, no memory
         state = gpt2_state_dict(load_tensors(folder), model)  # our names, [out, in] layout
         state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
+        if use_decode_layout(device, dtype):  # the head, wte, is the largest matrix: store it column by column
+            state["wte.weight"] = decode_layout(state["wte.weight"])
         model.load_state_dict(state, assign=True)  # the loaded tensors become the parameters
         return model.eval()
 

@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.loading import ARCHITECTURES, load_tensors, read_config, read_eos_token_ids  # lesson 06
+from hardway.loading import (ARCHITECTURES, decode_layout, load_tensors, read_config,  # lesson 06
+                             read_eos_token_ids, use_decode_layout)
 
 
 class ConfigError(ValueError):
@@ -282,7 +283,7 @@ class Llama(nn.Module):
         return KVCache(self.config.num_hidden_layers, batch_size, max_len, self.config.num_key_value_heads,
                        self.config.head_dim, dtype=w.dtype, device=w.device)
 
-    def forward(self, input_ids, kv_cache=None, start_pos: int = 0):  # input_ids: (B, T)
+    def forward(self, input_ids, kv_cache=None, start_pos: int = 0, last_only: bool = False):  # input_ids: (B, T)
         B, T = input_ids.shape
         if start_pos + T > self.max_seq_len:
             raise ValueError(f"positions up to {start_pos + T} exceed max_seq_len {self.max_seq_len}")
@@ -293,8 +294,10 @@ class Llama(nn.Module):
         cos, sin = self.rope(positions, x.dtype)  # each (T, head_dim)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, kv_cache, i, start_pos)  # (B, T, C)
+        if last_only:  # generation reads only the last position: skip the head's biggest matmul (lesson 12)
+            x = x[:, -1:, :]  # (B, 1, C)
         x = self.final_norm(x)
-        return self.lm_head(x)  # (B, T, vocab_size)
+        return self.lm_head(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
 
 
 class CheckpointError(ValueError):
@@ -338,6 +341,8 @@ def load_weights(model: Llama, tensors: dict[str, torch.Tensor], device="cpu", d
             raise CheckpointError(f"{hub_name}: the checkpoint has shape {tuple(tensors[hub_name].shape)}, "
                                   f"the config implies {expected}")
         state[our_name] = tensors[hub_name].to(device=device, dtype=dtype)
+        if state[our_name].dim() == 2 and use_decode_layout(device, dtype):  # faster one-token matmuls (lesson 12)
+            state[our_name] = decode_layout(state[our_name])
     if model.config.tie_word_embeddings:
         state["lm_head.weight"] = state["tok_emb.weight"]
     model.load_state_dict(state, strict=True, assign=True)  # assign: take these tensors, copy nothing
