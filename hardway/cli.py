@@ -24,7 +24,7 @@ def cmd_verify(args) -> int:
     checks = run_ritual(args.model, device=device, dtype=dtype, prompt=args.prompt, new_tokens=args.new_tokens,
                         max_eval_tokens=args.max_eval_tokens, out_dir=args.out)
     print(format_report(checks))
-    print(f"plots: {args.out}/perplexity.png, {args.out}/hidden_states.png")
+    print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
     failed = [c.name for c in checks if not c.passed]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
     return 1 if failed else 0
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     v.add_argument("--prompt", default="The three most important numbers in inference engineering are")
     v.add_argument("--new-tokens", type=int, default=50)
     v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length (default: all on CUDA, 2048 on CPU)")
-    v.add_argument("--out", default="artifacts/verify", help="folder for the plots")
+    v.add_argument("--out", default=None, help="folder for the plots (default: artifacts/verify in the repository)")
     g = sub.add_parser("generate", parents=[common], help="stream a continuation of a prompt")
     g.add_argument("prompt")
     g.add_argument("--max-new-tokens", type=int, default=100)

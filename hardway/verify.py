@@ -177,14 +177,15 @@ def attention_diffs(ours, theirs, input_ids, layer: int = 0) -> dict[str, float]
 
 
 def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, new_tokens=50,
-               max_eval_tokens=None, window=None, stride=None, out_dir="artifacts/verify") -> list[Check]:
-    """Run the three checks and the diagnostics on `model` (hub id or folder); plots go to `out_dir`."""
+               max_eval_tokens=None, window=None, stride=None, out_dir=None) -> list[Check]:
+    """Run the three checks and the diagnostics on `model` (hub id or folder); plots go to `out_dir`
+    (default: artifacts/verify/ in the repository)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hardway.hub import checkpoint
+    from hardway.hub import checkpoint, repo_root
     from hardway.tokenizer import load_tokenizer
 
     folder = checkpoint(model)
@@ -204,7 +205,7 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
     ppl.measured += f" on {len(ids)} tokens of {name}"
     checks.append(ppl)
 
-    out = Path(out_dir)
+    out = Path(out_dir) if out_dir is not None else repo_root() / "artifacts" / "verify"
     out.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.plot([math.exp(s / n) for s, n in a], label="hardway")
