@@ -319,6 +319,7 @@ def test_checkpoint_of_a_standin_never_touches_the_network(monkeypatch, capsys):
         raise AssertionError("checkpoint() went to the network for a folder that exists")
 
     monkeypatch.setattr(requests.Session, "request", no_network)
+    monkeypatch.setattr(hub_module, "_BANNERS_SHOWN", set())  # the banner shows once per folder and process
     folder = checkpoint("openai-community/gpt2")  # HARDWAY_MODELS points at the stand-ins in every test run
     assert folder == models_dir() / "openai-community/gpt2" and (folder / "model.safetensors").exists()
     assert "STAND-IN" in capsys.readouterr().out
@@ -335,3 +336,10 @@ def test_dataset_files_come_from_the_datasets_path(hub, tmp_path, monkeypatch):
     assert len(hub.requests) == 1
     with pytest.raises(ValueError, match="name the files"):
         download("Salesforce/wikitext", repo_type="dataset")
+
+
+def test_the_standin_banner_shows_once_per_folder(monkeypatch, capsys):
+    monkeypatch.setattr(hub_module, "_BANNERS_SHOWN", set())
+    checkpoint("openai-community/gpt2")
+    checkpoint("openai-community/gpt2")
+    assert capsys.readouterr().out.count("STAND-IN") == 1
