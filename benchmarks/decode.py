@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hardway  # noqa: E402
-from hardway.fast_decode import CompiledDecodeStep, sync_device as sync, measure_bandwidth, weight_bytes  # noqa: E402
+from hardway.fast_decode import CompiledDecodeStep, measure_bandwidth, sync_device as sync  # noqa: E402
+from hardway.memory import weight_bytes  # noqa: E402
 from hardway.hub import checkpoint, models_dir  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -43,16 +44,20 @@ def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
     return ids
 
 
-def time_runs(fn, device: str, reps: int) -> tuple[list[float], torch.Tensor]:
-    out = fn()  # warm-up: allocator, kernels, caches
-    times = []
+def time_interleaved(fns: dict, device: str, reps: int) -> tuple[dict, dict]:
+    """Median-ready times of each fn: one warm-up each, then `reps` rounds that run every fn once, in turn.
+
+    Interleaving matters on a shared machine: a burst of background load then slows both sides alike."""
+    outs = {name: fn() for name, fn in fns.items()}  # warm-up: allocator, kernels, caches (and compilation)
+    times = {name: [] for name in fns}
     for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return times, out
+        for name, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            outs[name] = fn()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return times, outs
 
 
 def main(argv=None) -> float:
@@ -86,16 +91,16 @@ def main(argv=None) -> float:
     def run_ours():
         return hardway.generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
 
-    t_theirs, out_theirs = time_runs(run_theirs, args.device, args.reps)
-    t_ours, out_ours = time_runs(run_ours, args.device, args.reps)
-    if out_theirs.shape != out_ours.shape or not torch.equal(out_theirs.cpu(), out_ours.cpu()):
-        raise SystemExit("FAIL: hardway.generate and transformers' generate produced different tokens")
-    t_compiled = None
+    fns = {"theirs": run_theirs, "ours": run_ours}
     if args.compile:  # the compiled one-token step, replayed as CUDA graphs; its warm-up compiles and records
         step = CompiledDecodeStep(ours, max_len=ids.shape[1] + n)
-        t_compiled, out_compiled = time_runs(lambda: step.generate(ids, n, do_sample=False, eos_token_id=None),
-                                             args.device, args.reps)
-        same_compiled = torch.equal(out_compiled.cpu(), out_ours.cpu())
+        fns["compiled"] = lambda: step.generate(ids, n, do_sample=False, eos_token_id=None)
+    times, outs = time_interleaved(fns, args.device, args.reps)
+    t_theirs, t_ours, t_compiled = times["theirs"], times["ours"], times.get("compiled")
+    if outs["theirs"].shape != outs["ours"].shape or not torch.equal(outs["theirs"].cpu(), outs["ours"].cpu()):
+        raise SystemExit("FAIL: hardway.generate and transformers' generate produced different tokens")
+    if args.compile:
+        same_compiled = torch.equal(outs["compiled"].cpu(), outs["ours"].cpu())
 
     bandwidth = measure_bandwidth(args.device)
     wbytes = weight_bytes(ours)
@@ -105,7 +110,7 @@ def main(argv=None) -> float:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}  "
           f"load average {load}")
-    print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} timed runs after a warm-up; tokens identical")
+    print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up; tokens identical")
     print(f"weights {wbytes / 1e6:.1f} MB; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s; roofline {roofline:.1f} tok/s")
     print(f"transformers generate: {tps_theirs:8.1f} tok/s  ({tps_theirs / roofline:.0%} of roofline)")
     print(f"hardway generate:      {tps_ours:8.1f} tok/s  ({tps_ours / roofline:.0%} of roofline)")

@@ -9,12 +9,6 @@ import time
 import torch
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one decode step reads from the weights: every parameter once. model.parameters() yields a tied
-    Parameter (the embedding that is also the head) only once, which is right: it is one tensor in memory."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 def sync_device(device) -> None:
     """Wait for the GPU to finish (timing asynchronous CUDA work needs it); nothing to wait for on CPU."""
     if torch.device(device).type == "cuda":

@@ -14,7 +14,8 @@ from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import hardway.gpt2  # noqa: F401  (registers the architectures)
 import hardway.llama  # noqa: F401
-from hardway.fast_decode import CompiledDecodeStep, measure_bandwidth, roofline_tokens_per_s, weight_bytes
+from hardway.fast_decode import CompiledDecodeStep, measure_bandwidth, roofline_tokens_per_s
+from hardway.memory import weight_bytes
 from hardway.generation import generate
 from hardway.loading import decode_layout, load
 
