@@ -251,8 +251,9 @@ class GPT(nn.Module):
             model = cls(config)  # shapes only, no memory
         state = gpt2_state_dict(load_tensors(folder), model)  # our names, [out, in] layout
         state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
-        if use_decode_layout(device, dtype):  # the head, wte, is the largest matrix: store it column by column
-            state["wte.weight"] = decode_layout(state["wte.weight"])
+        if use_decode_layout(device, dtype):  # the matrices of one-token matmuls, laid out for speed (lesson 12)
+            for name in [n for n in state if n == "wte.weight" or n.endswith(CONV1D_WEIGHTS)]:
+                state[name] = decode_layout(state[name])
         model.load_state_dict(state, assign=True)  # the loaded tensors become the parameters
         return model.eval()
 

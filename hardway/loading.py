@@ -42,13 +42,17 @@ def load_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
 
 
 def decode_layout(weight: torch.Tensor) -> torch.Tensor:
-    """The same (out, in) matrix, same values, stored column by column: in memory it is its transpose (in, out).
+    """The same (out, in) matrix, same values, stored contiguous along its longer side.
 
-    Batch-1 decoding multiplies one vector by every matrix. On CPU (MKL, fp32) `x @ W.T` streams this layout
-    1.2-2x faster than the row-by-row one (lesson 12 measures it), so the CPU fp32 loaders use it. GPT-2's
-    Conv1D files already store (in, out); we leave GPU and bf16 weights as they are, because transformers' layout
-    is what keeps their bf16 tokens identical to ours."""
-    return weight.T.contiguous().T  # shape (out, in), strides (1, out)
+    Batch-1 decoding multiplies one vector by every matrix. On CPU (MKL, fp32) `x @ W.T` streams a wide matrix
+    (out >= in: the head, q/k/v, the MLP's up projections) fastest column by column (in memory its transpose),
+    and a tall one (in > out: the MLP's down projection) row by row; lesson 12 measures both. The CPU fp32 loaders
+    use it. We leave GPU and bf16 weights as they are, because transformers' layout is what keeps their bf16 tokens
+    identical to ours."""
+    out_features, in_features = weight.shape
+    if out_features >= in_features:
+        return weight.T.contiguous().T  # shape (out, in), strides (1, out): column by column
+    return weight.contiguous()  # shape (out, in), strides (in, 1): row by row
 
 
 def use_decode_layout(device, dtype) -> bool:

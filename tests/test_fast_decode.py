@@ -70,22 +70,32 @@ def test_last_only_is_the_full_forwards_last_row(tiny_models, name):
     torch.testing.assert_close(last[:, 0], full[:, -1], rtol=0, atol=1e-5)
 
 
+def laid_out_for_decode(p):
+    """Contiguous along the longer side: column by column when out >= in, row by row when in > out."""
+    out_features, in_features = p.shape
+    return p.stride() == ((1, out_features) if out_features >= in_features else (in_features, 1))
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_cpu_fp32_loaders_store_matrices_column_by_column(tiny_models, name):
+def test_cpu_fp32_loaders_store_matrices_along_their_longer_side(tiny_models, name):
     folder, _ = tiny_models[name]
     model = load(folder)
-    head = model.wte.weight if name == "gpt2" else model.lm_head.weight
-    assert head.stride() == (1, head.shape[0]), "the tied head should be stored in decode_layout"
     if name == "llama":
         assert model.lm_head.weight is model.tok_emb.weight  # still tied: one tensor, read once
-        assert all(p.stride() == (1, p.shape[0]) for p in model.parameters() if p.dim() == 2)
+        matrices = [p for p in model.parameters() if p.dim() == 2]
+    else:
+        matrices = [model.wte.weight] + [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
+    assert matrices and all(laid_out_for_decode(p) for p in matrices)
+    assert any(p.stride()[0] == 1 for p in matrices) and any(p.stride()[1] == 1 for p in matrices)  # both kinds occur
     assert load(folder, dtype=torch.bfloat16).parameters().__next__().is_contiguous()  # bf16 keeps the file's layout
 
 
 def test_decode_layout_keeps_shape_and_values():
-    w = torch.randn(5, 3)
-    d = decode_layout(w)
-    assert d.shape == w.shape and torch.equal(d, w) and d.stride() == (1, 5) and not d.is_contiguous()
+    wide, tall = torch.randn(5, 3), torch.randn(3, 5)
+    d = decode_layout(wide)
+    assert d.shape == wide.shape and torch.equal(d, wide) and d.stride() == (1, 5) and not d.is_contiguous()
+    d = decode_layout(tall)
+    assert d.shape == tall.shape and torch.equal(d, tall) and d.is_contiguous()
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
