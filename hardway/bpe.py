@@ -154,6 +154,17 @@ def unicode_to_bytes(token: str) -> bytes:
         raise ValueError(f"{token!r} is not a byte-level token: {e.args[0]!r} is not in GPT-2's byte table") from None
 
 
+def decode_bytes(decoder: dict[int, bytes], ids) -> str:
+    """Ids -> the UTF-8 text of their bytes, joined. Invalid UTF-8 (half a character) becomes U+FFFD, as in tokenizers."""
+    chunks = []
+    for i in ids:
+        token = decoder.get(int(i))
+        if token is None:
+            raise ValueError(f"token id {int(i)} is not in this tokenizer's vocabulary (ids 0..{len(decoder) - 1})")
+        chunks.append(token)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
 class GPT2Tokenizer:
     """GPT-2's byte-level BPE tokenizer: `encode(text) -> ids`, `decode(ids) -> text`.
 
@@ -245,13 +256,7 @@ class GPT2Tokenizer:
 
     def decode(self, ids) -> str:
         """Token ids -> text. Invalid UTF-8 (e.g. half a character) becomes U+FFFD, as in tokenizers."""
-        chunks = []
-        for i in ids:
-            token = self.decoder.get(int(i))
-            if token is None:
-                raise ValueError(f"token id {int(i)} is not in this tokenizer's vocabulary (ids 0..{self.vocab_size - 1})")
-            chunks.append(token)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        return decode_bytes(self.decoder, ids)
 
 
 def split_isolated(pieces: list[str], pattern: regex.Pattern) -> list[str]:
@@ -490,10 +495,4 @@ class BPETokenizer:
 
     def decode(self, ids) -> str:
         """Ids -> text, special tokens included. Invalid UTF-8 becomes U+FFFD, as in tokenizers."""
-        chunks = []
-        for i in ids:
-            token = self.decoder.get(int(i))
-            if token is None:
-                raise ValueError(f"token id {int(i)} is not in this tokenizer's vocabulary")
-            chunks.append(token)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        return decode_bytes(self.decoder, ids)
