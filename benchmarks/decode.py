@@ -28,7 +28,7 @@ from hardway.fast_decode import CompiledDecodeStep, measure_bandwidth, sync_devi
 from hardway.memory import weight_bytes  # noqa: E402
 from hardway.hub import checkpoint, models_dir  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from hardway.verify import DTYPES  # noqa: E402  (the names the CLI accepts: float32, float16, bfloat16)
 
 
 def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
