@@ -5,13 +5,16 @@ import torch
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's distinct parameter storages: a tied embedding is stored, and read, once."""
+    """Bytes of the model's distinct parameters: a tied embedding is stored, and read, once.
+
+    Two parameters that start at the same address are one tensor seen twice (a tie), so each address counts once.
+    We count the tensor's own bytes, not its storage's: a storage may be larger (lesson 06's weights on 2 MB
+    pages sit in maps with up to 2 MB of slack that is never touched)."""
     seen, total = set(), 0
     for p in model.parameters():
-        ptr = p.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            total += p.untyped_storage().nbytes()
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.nbytes
     return total
 
 

@@ -17,7 +17,7 @@ import hardway.llama  # noqa: F401
 from hardway.fast_decode import CompiledDecodeStep, measure_bandwidth, roofline_tokens_per_s
 from hardway.memory import weight_bytes
 from hardway.generation import generate
-from hardway.loading import decode_layout, load
+from hardway.loading import HUGE_PAGE, decode_layout, empty_on_huge_pages, load
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,31 @@ def test_decode_layout_keeps_shape_and_values():
     assert d.shape == wide.shape and torch.equal(d, wide) and d.stride() == (1, 5) and not d.is_contiguous()
     d = decode_layout(tall)
     assert d.shape == tall.shape and torch.equal(d, tall) and d.is_contiguous()
+
+
+def test_decode_layout_of_large_matrices_on_2mb_aligned_memory_that_outlives_its_map():
+    import gc
+    import sys
+
+    wide, tall = torch.randn(1024, 768), torch.randn(768, 3072)  # 3 MB and 9 MB: big enough for huge pages
+    d_wide, d_tall = decode_layout(wide), decode_layout(tall)
+    gc.collect()  # the maps are referenced only through the tensors now: they must stay mapped
+    assert torch.equal(d_wide, wide) and d_wide.stride() == (1, 1024)
+    assert torch.equal(d_tall, tall) and d_tall.stride() == (3072, 1)
+    if sys.platform == "linux":  # elsewhere it is plain torch.empty
+        assert d_wide.data_ptr() % HUGE_PAGE == 0 and d_tall.data_ptr() % HUGE_PAGE == 0
+    small = empty_on_huge_pages((3, 4), torch.bfloat16)  # below 2 MB: an ordinary tensor
+    assert small.shape == (3, 4) and small.dtype == torch.bfloat16 and small.is_contiguous()
+
+
+def test_weight_bytes_counts_tensors_not_their_maps():
+    """A matrix on huge pages sits in a map with up to 2 MB of slack; the roofline must count only its own bytes."""
+    module = torch.nn.Module()
+    module.big = torch.nn.Parameter(decode_layout(torch.randn(2048, 1024)))  # 8 MiB in a larger map
+    module.tied = torch.nn.Parameter(module.big.data)  # another Parameter on the same memory (a tie): read once
+    module.bias = torch.nn.Parameter(torch.zeros(7))
+    assert module.big.untyped_storage().nbytes() > module.big.nbytes  # the slack exists ...
+    assert weight_bytes(module) == 4 * (2048 * 1024 + 7)  # ... and is not counted
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
