@@ -3,9 +3,12 @@
 Speed itself is never tested here (benchmarks/decode.py measures it). What is tested: the head on the last position
 only gives the full forward's last row; the column-by-column weight layout gives the row-by-row layout's tokens;
 hardway.generate (preallocated, last_only prefill, no processors when greedy) gives the naive loop's tokens and
-transformers'; the compiled decode step gives eager's tokens (traced on CPU with the "eager" backend; with inductor
-and CUDA graphs when CUDA is present, skipped otherwise).
+transformers'; the compiled decode step gives eager's tokens (traced on CPU with the "eager" backend; lowered by
+inductor to CPU code as one graph for every position; with inductor and CUDA graphs when CUDA is present, skipped
+otherwise). Matrices on 2 MB pages keep their values, and the roofline counts their bytes, not their maps'.
 """
+
+import shutil
 
 import pytest
 import torch
@@ -188,6 +191,24 @@ def test_compiled_step_traced_on_cpu_gives_eager_tokens(tiny_models, name):
         step(ids, step.kv_cache, 0)
     with pytest.raises(ValueError, match="its own kv_cache"):
         step(ids[:, :1], model.new_kv_cache(1, 8), 0)
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor's CPU code needs a C++ compiler")
+def test_compiled_step_lowered_by_inductor_on_cpu_is_one_graph_with_eager_tokens(tiny_models):
+    """What the CUDA path compiles, minus the CUDA graphs: inductor's generated code for Llama's one-token step, with the
+    in-place writes into the static cache. One graph must serve every position (no recompile per length)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    folder, _ = tiny_models["llama"]
+    model = load(folder)
+    ids = prompt(100, T=5, seed=2)
+    step = CompiledDecodeStep(model, max_len=5 + 24, backend="inductor", mode=None)
+    eager = generate(model, ids, 24, eos_token_id=None)
+    assert torch.equal(step.generate(ids, 24, eos_token_id=None), eager)
+    assert torch.equal(step.generate(ids, 24, eos_token_id=None), eager)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA-graphs decode step needs CUDA")
