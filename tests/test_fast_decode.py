@@ -231,3 +231,19 @@ def test_roofline_arithmetic(tiny_models):
     assert n_params == 120 * 64 + 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 96 + 2 * 64) + 64
     assert roofline_tokens_per_s(2e9, 20e9) == 10.0
     assert measure_bandwidth("cpu", mib=8, reps=2) > 1e8  # any machine copies faster than 100 MB/s
+
+
+def test_llama_1b_standin_config_has_llama_3_2_1bs_parameter_count():
+    """tools/standins.py --llama-1b (lesson 12's GPU target without the hub) must be Llama-3.2-1B's architecture: its
+    config builds Llama-3.2-1B's 1,235,814,400 parameters (lesson 12's count), in transformers and in hardway alike."""
+    import standins  # tools/, on sys.path through conftest.py
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hardway.llama import Llama, ModelConfig
+
+    cfg = standins.LLAMA_1B_CONFIG
+    with torch.device("meta"):
+        theirs = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")}))
+        ours = Llama(ModelConfig.from_dict(cfg))
+    assert theirs.num_parameters() == 1_235_814_400
+    assert sum(p.numel() for p in ours.parameters()) == 1_235_814_400

