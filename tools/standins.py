@@ -204,12 +204,13 @@ The real 128,256-token Llama 3.2 tokenizer (tokenizer.json, tokenizer_config.jso
 """)
 
 
-def build_llama_1b(out: Path) -> None:
+def build_llama_1b(out: Path, cache: Path) -> None:
     """Llama-3.2-1B's architecture with seeded random weights, for speed: batch-1 decoding reads every weight once per
     token whatever its value, so tok/s on these weights is tok/s on the real ones (the text is gibberish)."""
     folder = out / LLAMA_1B
     if done(folder):
         return
+    build_llama_tokenizer(out, cache)  # its tokenizer (already there when the default stand-ins are)
     import torch
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -267,15 +268,13 @@ def build_shakespeare(out: Path, cache: Path) -> None:
     tmp.rename(path)
 
 
-def build(out: Path = DEFAULT_DIR, llama_1b: bool = False) -> Path:
+def build(out: Path = DEFAULT_DIR) -> Path:
     out = Path(out)
     cache = out / ".downloads"
     build_shakespeare(out, cache)
     build_llama_tokenizer(out, cache)
     build_gpt2(out, cache)
     build_smollm2(out, cache)
-    if llama_1b:
-        build_llama_1b(out)
     return out
 
 
@@ -283,6 +282,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Build the offline stand-ins (idempotent).")
     parser.add_argument("--dir", default=os.environ.get("HARDWAY_STANDINS", str(DEFAULT_DIR)))
     parser.add_argument("--llama-1b", action="store_true",
-                        help="also build Llama-3.2-1B's architecture with random weights (2.5 GB), for GPU speed tests")
+                        help="build only Llama-3.2-1B's architecture with random weights (2.5 GB, for GPU speed) "
+                             "and the Llama 3.2 tokenizer it uses")
     args = parser.parse_args()
-    print(f"stand-ins ready in {build(Path(args.dir), llama_1b=args.llama_1b)}")
+    if args.llama_1b:
+        build_llama_1b(Path(args.dir), Path(args.dir) / ".downloads")
+        print(f"{LLAMA_1B} ready in {args.dir}")
+    else:
+        print(f"stand-ins ready in {build(Path(args.dir))}")
