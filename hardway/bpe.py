@@ -214,7 +214,10 @@ class GPT2Tokenizer:
 
     def _bpe(self, piece: bytes) -> list[int]:
         """Merge the bytes of one pre-tokenized piece, lowest rank first, and return the tokens' ids."""
-        parts = [bytes([b]) for b in piece]  # one token per byte to start
+        return self._merge([bytes([b]) for b in piece])  # one token per byte to start
+
+    def _merge(self, parts: list[bytes]) -> list[int]:
+        """Merge adjacent tokens, lowest rank first, until no adjacent pair has a rank; return their ids."""
         while len(parts) > 1:
             best = min(zip(parts, parts[1:]), key=lambda pair: self.ranks.get(pair, float("inf")))
             if best not in self.ranks:
@@ -222,10 +225,10 @@ class GPT2Tokenizer:
             parts = merge_pair(parts, best, best[0] + best[1])
         return [self.encoder[p] for p in parts]
 
-    def encode_ordinary(self, text: str) -> list[int]:
-        """Encode text with no special tokens: `<|endoftext|>` in the text is plain characters."""
+    def _encode_pieces(self, pieces: list[str]) -> list[int]:
+        """The ids of pre-tokenized pieces, each merged by `_bpe` once and remembered (up to cache_size pieces)."""
         ids = []
-        for piece in GPT2_SPLIT.findall(text):
+        for piece in pieces:
             piece_ids = self.cache.get(piece)
             if piece_ids is None:
                 piece_ids = self._bpe(piece.encode("utf-8"))
@@ -233,6 +236,10 @@ class GPT2Tokenizer:
                     self.cache[piece] = piece_ids
             ids.extend(piece_ids)
         return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode text with no special tokens: `<|endoftext|>` in the text is plain characters."""
+        return self._encode_pieces(GPT2_SPLIT.findall(text))
 
     def encode(self, text: str, allowed_special=frozenset()) -> list[int]:
         """Text -> token ids. Special tokens named in `allowed_special` (a set, or "all") become their ids;
@@ -448,13 +455,12 @@ class BPETokenizer:
         if self.ignore_merges and piece in self.encoder:
             return [self.encoder[piece]]  # the piece is a token as it stands: no merges needed or applied
         # SmolLM2 has no token for 21 byte values (e.g. 0x04): with no unk_token, tokenizers drops such bytes.
-        parts = [bytes([b]) for b in piece if bytes([b]) in self.encoder]
-        while len(parts) > 1:
-            best = min(zip(parts, parts[1:]), key=lambda pair: self.ranks.get(pair, float("inf")))
-            if best not in self.ranks:
-                break
-            parts = merge_pair(parts, best, best[0] + best[1])
-        return [self.encoder[p] for p in parts]
+        return self._merge([bytes([b]) for b in piece if bytes([b]) in self.encoder])
+
+    # The merging and the piece cache are GPT2Tokenizer's own, borrowed as they are (self.ranks, self.encoder,
+    # self.cache and self.cache_size mean the same here).
+    _merge = GPT2Tokenizer._merge
+    _encode_pieces = GPT2Tokenizer._encode_pieces
 
     def pre_tokenize(self, text: str) -> list[str]:
         pieces = [text]
@@ -464,15 +470,7 @@ class BPETokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode text as plain text: no added tokens recognized, nothing added around it."""
-        ids = []
-        for piece in self.pre_tokenize(self.normalize(text)):
-            piece_ids = self.cache.get(piece)
-            if piece_ids is None:
-                piece_ids = self._bpe(piece.encode("utf-8"))
-                if len(self.cache) < self.cache_size:
-                    self.cache[piece] = piece_ids
-            ids.extend(piece_ids)
-        return ids
+        return self._encode_pieces(self.pre_tokenize(self.normalize(text)))
 
     def normalize(self, text: str) -> str:
         return unicodedata.normalize("NFC", text) if self.normalizer == "NFC" else text
