@@ -21,19 +21,22 @@ def sync_device(device) -> None:
         torch.cuda.synchronize()
 
 
+def timed(fn, device="cpu"):
+    """(seconds, result) of one call of fn(), with the device's queued work finished before and after: the one
+    timing primitive of the course's measurements (this lesson, benchmarks/decode.py)."""
+    sync_device(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync_device(device)
+    return time.perf_counter() - t0, out
+
+
 def measure_bandwidth(device="cpu", mib: int = 256, reps: int = 5) -> float:
     """Bytes/s of one large copy (bytes read + bytes written), median of `reps`: what the memory can actually feed."""
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)  # far larger than any cache
     dst = torch.empty_like(src)
     dst.copy_(src)  # warm-up: page faults, first touch
-    times = []
-    for _ in range(reps):
-        sync_device(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        sync_device(device)
-        times.append(time.perf_counter() - t0)
-    return 2 * src.nbytes / statistics.median(times)
+    return 2 * src.nbytes / statistics.median(timed(lambda: dst.copy_(src), device)[0] for _ in range(reps))
 
 
 def roofline_tokens_per_s(n_weight_bytes: int, bandwidth: float) -> float:
