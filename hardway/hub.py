@@ -281,9 +281,10 @@ def _download(session, url: str, folder: Path, name: str, repo_id: str | None = 
             raise HubError(f"disk full while writing {path} ({what}): free some space, then run again") from None
         raise HubError(f"cannot write {path} ({what}): {e.strerror or e}") from None
     kind = "" if isinstance(error, _Retry) else f"{type(error).__name__}: "
+    endpoint = " (and HF_ENDPOINT if you set it)" if repo_id else ""
     raise HubError(
-        f"network error downloading {what} ({url}) after {RETRIES} attempts: {kind}{error}. Check the connection "
-        f"(and HF_ENDPOINT if you set it), then run again: the download resumes where it stopped."
+        f"network error downloading {what} ({url}) after {RETRIES} attempts: {kind}{error}. Check the connection"
+        f"{endpoint}, then run again: the download resumes where it stopped."
     )
 
 

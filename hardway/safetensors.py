@@ -84,7 +84,7 @@ def _check_header(header, data_size: int, where: str) -> None:
     if position != data_size:
         raise SafetensorsError(
             f"{where}: {data_size - position} bytes after the last tensor (the tensors cover {position} of the "
-            f"{data_size} bytes of data): a truncated, appended-to or tampered file"
+            f"{data_size} bytes of data): a file appended to, or tampered with"
         )
 
 
