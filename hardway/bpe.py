@@ -15,8 +15,6 @@ from pathlib import Path
 
 import regex
 
-from hardway.hub import shakespeare_path
-
 
 def merge_pair(symbols: list, pair: tuple, new_symbol) -> list:
     """Replace each occurrence of the adjacent `pair` in `symbols` by `new_symbol`, left to right, no overlaps."""
