@@ -249,9 +249,20 @@ def test_files_the_library_rejects_we_reject(tmp_path, raw, data, match):
     path = write_raw(tmp_path / "strict.safetensors", raw.encode(), data)
     with pytest.raises(SafetensorsError, match=match):
         load_file(path)
-    if "'a' appears twice" not in match:  # the library tolerates this one case: the same name, stated twice
-        with pytest.raises(Exception, match="duplicate field|not fully covered|invalid offset"):
-            lib_load_file(path)
+    with pytest.raises(Exception, match="duplicate field|not fully covered|invalid offset"):  # the reference agrees
+        lib_load_file(path)
+
+
+@pytest.mark.parametrize("raw", [
+    "{" + A + ", " + A + "}",  # the same entry, word for word, twice
+    '{"__metadata__": {"k": "1", "k": "2"}, ' + A + "}",  # a repeated key inside __metadata__
+])
+def test_repeated_keys_the_library_lets_through_are_refused_here(tmp_path, raw):
+    # Lesson 01 says so: these cannot change what the library loads, and it accepts them; we refuse every repeat.
+    path = write_raw(tmp_path / "repeat.safetensors", raw.encode(), b"xy")
+    assert lib_load_file(path).keys() == {"a"}
+    with pytest.raises(SafetensorsError, match="appears twice"):
+        load_file(path)
 
 
 def test_a_file_appended_to_is_refused(tmp_path):
