@@ -141,7 +141,7 @@ ROLES = ("system", "user", "assistant", "tool")
 
 def check_messages(messages) -> list[dict]:
     """A copy of `messages` as plain dicts, or a ChatTemplateError naming the first message that is malformed."""
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
+    if not isinstance(messages, (list, tuple)):
         raise ChatTemplateError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
                                 f"got {type(messages).__name__}")
     if not messages:
@@ -271,6 +271,13 @@ def _fit_reference(chat: ChatTemplate, messages: list[dict], max_tokens: int) ->
                             f"{len(chat.encode(kept, add_generation_prompt=True))} tokens, more than {max_tokens}")
 
 
+def _describe(messages) -> str:
+    """A short view of a message list, for the checks' verdicts: [system:'You count.', user:'1', ...]."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return repr(messages)[:80]
+    return "[" + ", ".join(f"{m.get('role')}:{str(m.get('content'))[:12]!r}" for m in messages) + "]"
+
+
 def check_fit_conversation(my_fit_conversation, chat: ChatTemplate) -> str:
     """Exercise 2: my_fit_conversation(chat, messages, max_tokens) keeps what _fit_reference keeps."""
     if my_fit_conversation is None:
@@ -295,7 +302,5 @@ def check_fit_conversation(my_fit_conversation, chat: ChatTemplate) -> str:
             return (f"wrong: with max_tokens={max_tokens} even the system and last messages do not fit "
                     f"({minimum} tokens): raise ChatTemplateError")
         if got != expected:
-            def roles(ms):
-                return [f"{m['role']}:{m['content'][:12]!r}" for m in ms] if isinstance(ms, list) else repr(ms)
-            return f"wrong: with max_tokens={max_tokens} expected {roles(expected)}, got {roles(got)}"
+            return f"wrong: with max_tokens={max_tokens} expected {_describe(expected)}, got {_describe(got)}"
     return "right: keeps the system and last messages, drops the oldest first, and refuses what cannot fit"
