@@ -357,12 +357,12 @@ def test_end_of_turn_ids(templates, folders, tmp_path):
     assert ChatTemplate.from_folder(base).end_of_turn_ids() == [128009, 128001]
 
 
-def test_end_of_turn_ids_without_any_is_an_error(folders):
-    chat = templates_chat = ChatTemplate("{% for m in messages %}{{ m.content }}\n{% endfor %}", {},
-                                         ChatTemplate.from_folder(folders["smollm2"][0]).tokenizer)
+def test_end_of_turn_ids_without_any_is_an_error(templates):
+    """A template that closes turns with plain text, and no eos_token: nothing to stop at, and it says so."""
+    plain = ChatTemplate("{% for m in messages %}{{ m.content }}\n{% endfor %}", {}, templates["smollm2"][0].tokenizer)
+    assert plain.render([{"role": "user", "content": "a"}]) == "a\n"
     with pytest.raises(ChatTemplateError, match="cannot tell where an assistant turn ends"):
-        templates_chat.end_of_turn_ids()
-    assert chat.render([{"role": "user", "content": "a"}]) == "a\n"
+        plain.end_of_turn_ids()
 
 
 # ---- templates that raise ---------------------------------------------------------------------------------------
