@@ -210,10 +210,12 @@ def bpe_merge(ids: list[int], merges: dict[tuple[int, int], tuple[int, int]]) ->
     ids = list(ids)                # (n,) token at each position; -1 once merged into its left neighbour
     nxt = list(range(1, n + 1))    # (n,) position of the next live symbol; n: none
     prv = list(range(-1, n - 1))   # (n,) position of the previous live symbol; -1: none
-    heap = [(merges[pair][0], i) for i, pair in enumerate(zip(ids, ids[1:])) if pair in merges]  # (rank, left position)
+    # The heap holds (rank, left position) packed into one int, rank * n + position: same order, and ints compare
+    # several times faster than tuples.
+    heap = [merges[pair][0] * n + i for i, pair in enumerate(zip(ids, ids[1:])) if pair in merges]
     heapq.heapify(heap)
     while heap:
-        rank, i = heapq.heappop(heap)
+        rank, i = divmod(heapq.heappop(heap), n)
         j = nxt[i]
         if ids[i] < 0 or j == n:
             continue  # stale: position i was merged away, or has no right neighbour any more
@@ -226,10 +228,10 @@ def bpe_merge(ids: list[int], merges: dict[tuple[int, int], tuple[int, int]]) ->
         if k < n:
             prv[k] = i
             if (new_id, ids[k]) in merges:
-                heapq.heappush(heap, (merges[(new_id, ids[k])][0], i))
+                heapq.heappush(heap, merges[(new_id, ids[k])][0] * n + i)
         h = prv[i]
         if h >= 0 and (ids[h], new_id) in merges:
-            heapq.heappush(heap, (merges[(ids[h], new_id)][0], h))
+            heapq.heappush(heap, merges[(ids[h], new_id)][0] * n + h)
     return [token for token in ids if token >= 0]
 
 
