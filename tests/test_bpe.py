@@ -8,9 +8,7 @@ import pytest
 import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from tokenizers import Regex
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hardway.bpe import (
     BYTE_TO_UNICODE,
@@ -171,12 +169,13 @@ def test_unicode_classes_equal_tokenizers_on_every_code_point():
     # NEWER_THAN_UNICODE_16 is exactly what tokenizers' engine has unassigned and `regex` assigned. If this fails,
     # tokenizers or regex changed Unicode version: measure again (lesson 02) and update the table and the lesson.
     newer = regex_matches(NEWER_THAN_UNICODE_16.pattern, ALL_CHARACTERS)
-    assert tokenizers_matches(r"\p{Cn}") - regex_matches(r"\p{Cn}", ALL_CHARACTERS) == newer
+    unassigned = tokenizers_matches(r"\p{Cn}")
+    assert unassigned - regex_matches(r"\p{Cn}", ALL_CHARACTERS) == newer
     assert len(newer) == 17_810  # the number the lesson states
     # Seen through the Unicode 16.0 view, every class the pre-tokenizer regexes use matches the same code points.
     seen = NEWER_THAN_UNICODE_16.sub("\uffff", ALL_CHARACTERS)
-    for pattern in [r"\p{L}", r"\p{N}", r"\s"]:
-        assert regex_matches(pattern, seen) == tokenizers_matches(pattern), pattern
+    for pattern in [r"\p{Cn}", r"\p{L}", r"\p{N}", r"\s"]:
+        assert regex_matches(pattern, seen) == (unassigned if pattern == r"\p{Cn}" else tokenizers_matches(pattern))
 
 
 # --- Long words: the merges are O(n log n) --------------------------------------------------------------------------
@@ -233,7 +232,7 @@ def test_piece_cache_is_bounded(gpt2_files):
     tokenizer = GPT2Tokenizer.from_files(*gpt2_files)
     tokenizer.cache_size = 3
     long_piece = "x" * (CACHE_MAX_CHARS + 1)
-    assert tokenizer.encode(long_piece) == tokenizer.encode(long_piece)
+    tokenizer.encode(long_piece)
     assert tokenizer.cache == {}  # too long to keep
     tokenizer.encode("one two three four five")
     assert list(tokenizer.cache) == ["one", " two", " three"]  # full: later pieces are merged, not kept
