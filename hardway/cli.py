@@ -10,7 +10,7 @@ import torch
 
 from hardway.generation import generate
 from hardway.hub import checkpoint
-from hardway.loading import load
+from hardway.loading import load, resolve
 from hardway.tokenizer import load_tokenizer
 from hardway.verify import DEFAULT_PROMPT, DTYPE_NAMES, format_report, run_ritual
 
@@ -70,6 +70,20 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    device, dtype = _device_and_dtype(args)
+    for name in ("max_batch", "blocks", "block_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
+          f"this address can use it); Ctrl-C stops", file=sys.stderr)
+    resolve("hardway.server:serve")(args.model, host=args.host, port=args.port, max_batch=args.max_batch,  # lesson 14
+                                    n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hardway", description="LLM inference the hard way")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,9 +106,16 @@ def main(argv=None) -> int:
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=None)
+    s = sub.add_parser("serve", parents=[common], help="an OpenAI-compatible HTTP server (lesson 14)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch", type=int, default=16, help="sequences decoded together at most")
+    s.add_argument("--blocks", type=int, default=None, help="KV-cache blocks in the pool (default: max-batch x 512 "
+                                                          "positions)")
+    s.add_argument("--block-size", type=int, default=16, help="positions per block")
     args = parser.parse_args(argv)
     try:
-        return cmd_verify(args) if args.command == "verify" else cmd_generate(args)
+        return {"verify": cmd_verify, "generate": cmd_generate, "serve": cmd_serve}[args.command](args)
     except torch.cuda.OutOfMemoryError as e:  # a model or a text too large for this GPU
         first_line = str(e).splitlines()[0] if str(e) else "CUDA out of memory"
         print(f"hardway {args.command}: error: out of GPU memory ({first_line}); try --dtype float16, a smaller "
