@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import signal
+import socket
 import threading
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -324,6 +326,21 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     return app
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that a stop asked for by SIGINT/SIGTERM ends with exit status 0: uvicorn shuts down
+    gracefully, then re-raises the signal, and the process dies of it. Here the handlers stay installed until the
+    end, and a requested stop is a clean exit."""
+
+    @contextmanager
+    def capture_signals(self):
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning") -> None:
     """Load a model and serve it until SIGINT/SIGTERM (uvicorn handles both: it stops taking requests, lets running
@@ -334,6 +351,12 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     from hardway.loading import load
     from hardway.tokenizer import load_tokenizer
 
+    with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     folder = checkpoint(model_id)
     model = load(folder, device=device, dtype=dtype or torch.float32)
     tokenizer = load_tokenizer(folder)
@@ -346,4 +369,4 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     engine = Engine(model, tokenizer, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch)
     app = create_app(engine, model_id, chat)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run()
+    _Server(config).run()
