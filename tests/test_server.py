@@ -340,7 +340,7 @@ def test_gpt2_server_greedy_equals_generate_alone():
     (["--model", GPT2, "--port", "70000"], "--port must be in 1..65535"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(flags, words):
-    r = subprocess.run([str(HARDWAY), "serve", *flags], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(HARDWAY), "serve", *flags], capture_output=True, text=True, timeout=600)
     lines = [l for l in r.stderr.splitlines() if l.startswith("hardway serve: error")]
     assert r.returncode == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr, r.stderr
 
@@ -351,5 +351,5 @@ def test_cli_port_in_use_is_one_line_and_exit_2():
         taken.listen()
         port = taken.getsockname()[1]
         r = subprocess.run([str(HARDWAY), "serve", "--model", GPT2, "--port", str(port)], capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=600)
     assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
