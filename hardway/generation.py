@@ -3,26 +3,18 @@
 """Autoregressive generation: prefill the prompt once into a KV cache, then one token per step."""
 from __future__ import annotations
 
-import inspect
 from typing import Callable
 
 import torch
 
+from hardway.loading import CausalLM, eos_token_list  # lesson 06: the model contract, the one EOS normalisation
 from hardway.sampling import build_processors, sample_next_token
 
 _MODEL_EOS = object()  # default of `eos_token_id`: use model.eos_token_ids
 
 
-def _eos_list(model, eos_token_id) -> list[int]:
-    if eos_token_id is _MODEL_EOS:
-        return list(getattr(model, "eos_token_ids", []) or [])
-    if eos_token_id is None:
-        return []
-    return [eos_token_id] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
-
-
 @torch.inference_mode()
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample: bool = False,
+def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              repetition_penalty: float | None = None, eos_token_id=_MODEL_EOS,
              generator: torch.Generator | None = None, use_cache: bool = True,
@@ -54,7 +46,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample
         raise ValueError(f"prompt of {T} tokens + max_new_tokens={max_new_tokens} = {T + max_new_tokens} tokens, "
                          f"more than the model's context length of {model.max_seq_len}; shorten the prompt or "
                          f"ask for at most {model.max_seq_len - T} new tokens")
-    eos = _eos_list(model, eos_token_id)
+    eos = model.eos_token_ids if eos_token_id is _MODEL_EOS else eos_token_list(eos_token_id)
     eos_ids = torch.tensor(eos, dtype=torch.long, device=input_ids.device)  # (n_eos,)
     processors = build_processors(do_sample, temperature, top_k, top_p, repetition_penalty)
 
@@ -67,10 +59,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample
             raise ValueError(f"kv_cache holds batch {cache.batch_size} x {cache.max_len} positions; this call needs "
                              f"batch {B} x {T + max_new_tokens}")
         step_fn = model if decode_step is None else decode_step
-        # Prefill, once. A model whose forward takes `last_only` computes the head on the last position only.
-        forward = getattr(model, "forward", model)  # an nn.Module's own signature is (*args, **kwargs)
-        last_only = {"last_only": True} if "last_only" in inspect.signature(forward).parameters else {}
-        logits = model(input_ids, kv_cache=cache, start_pos=0, **last_only)  # (B, 1 or T, V)
+        # Prefill, once, computing the head on the last position only (the contract's `last_only`, lesson 06).
+        logits = model(input_ids, kv_cache=cache, start_pos=0, last_only=True)  # (B, 1, V)
     else:
         logits = model(input_ids)  # (B, T, V)
     n = T  # ids written so far
