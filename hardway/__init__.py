@@ -6,8 +6,8 @@
     logits = forward_once(model, input_ids)         # (B, T, vocab)
 
 Every model `load` returns meets one contract, `hardway.CausalLM` (lesson 06): config, max_seq_len, eos_token_ids,
-new_kv_cache(batch_size, max_len=None), forward(input_ids, kv_cache=None, start_pos=0, last_only=False), and the
-diagnostics' embed, blocks, final_norm, qkv. `hardway.loading.MODEL_CLASSES` lists the architectures.
+new_kv_cache(batch_size, max_len=None), forward(input_ids, kv_cache=None, start_pos=0, last_only=False,
+attention_mask=None), and the diagnostics' embed, blocks, final_norm, qkv. `hardway.loading.MODEL_CLASSES` lists the architectures.
 
 This file is the only hand-written module: it re-exports the public API, each name imported on first use so that
 `import hardway` stays cheap. Everything else in hardway/ is generated from notebooks/ by tools/export.py.

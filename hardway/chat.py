@@ -260,7 +260,10 @@ def check_chatml(my_chatml, chat: ChatTemplate) -> str:
     return f"right: {2 * len(CHECK_CONVERSATIONS)} renderings equal to the template's"
 
 
-def _fit_reference(chat: ChatTemplate, messages: list[dict], max_tokens: int) -> list[dict]:
+def fit_conversation(chat: ChatTemplate, messages: list[dict], max_tokens: int) -> list[dict]:
+    """The messages to send so that the prompt (with the generation prompt) has at most `max_tokens` tokens: a leading
+    system message and the last message stay, the others go oldest first (exercise 2's rule; `hardway chat` uses it).
+    A ChatTemplateError when even those two do not fit."""
     head = messages[:1] if messages[0]["role"] == "system" and len(messages) > 1 else []
     middle, last = messages[len(head):-1], messages[-1:]
     for k in range(len(middle) + 1):  # drop the k oldest messages between the system message and the last one
@@ -279,7 +282,7 @@ def _describe(messages) -> str:
 
 
 def check_fit_conversation(my_fit_conversation, chat: ChatTemplate) -> str:
-    """Exercise 2: my_fit_conversation(chat, messages, max_tokens) keeps what _fit_reference keeps."""
+    """Exercise 2: my_fit_conversation(chat, messages, max_tokens) keeps what fit_conversation keeps."""
     if my_fit_conversation is None:
         return "not attempted yet: set my_fit_conversation to your function"
     messages = CHECK_CONVERSATIONS[3] + [{"role": "user", "content": "What comes next, and why is that so?"}]
@@ -287,7 +290,7 @@ def check_fit_conversation(my_fit_conversation, chat: ChatTemplate) -> str:
     minimum = len(chat.encode([messages[0], messages[-1]], add_generation_prompt=True))
     for max_tokens in (full, full - 1, (full + minimum) // 2, minimum, minimum - 1):
         try:
-            expected = _fit_reference(chat, messages, max_tokens)
+            expected = fit_conversation(chat, messages, max_tokens)
         except ChatTemplateError:
             expected = None
         try:

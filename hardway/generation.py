@@ -13,13 +13,36 @@ from hardway.sampling import build_processors, sample_next_token
 _MODEL_EOS = object()  # default of `eos_token_id`: use model.eos_token_ids
 
 
+def check_attention_mask(input_ids: torch.Tensor, attention_mask) -> torch.Tensor:
+    """attention_mask (B, T) as a bool tensor, or a ValueError naming the problem: it must match input_ids' shape,
+    hold only 0 and 1, and be left padding (each row: some 0s, then only 1s, at least one 1)."""
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {tuple(getattr(attention_mask, 'shape', ()))} but input_ids has "
+                         f"{tuple(input_ids.shape)}: they must match, one entry per token")
+    if attention_mask.is_floating_point() or not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (a real token), as integers or bools")
+    real = attention_mask.bool().to(input_ids.device)  # (B, T)
+    if not real.any(dim=1).all():
+        row = int((~real.any(dim=1)).nonzero()[0])
+        raise ValueError(f"row {row} of attention_mask is all padding: every prompt needs at least one real token")
+    # Left padding: once a row has a real token, every later one is real, so the mask never goes 1 -> 0.
+    drops = real[:, :-1] & ~real[:, 1:]  # (B, T - 1): a 1 followed by a 0
+    if drops.any():
+        row = int(drops.any(dim=1).nonzero()[0])
+        kind = "is right-padded" if not real[row, -1] else "has a hole (padding between real tokens)"
+        raise ValueError(f"row {row} of attention_mask {kind}: left padding is expected, the padding first and then "
+                         f"the prompt's tokens")
+    return real
+
+
 @torch.inference_mode()
 def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              repetition_penalty: float | None = None, eos_token_id=_MODEL_EOS,
              generator: torch.Generator | None = None, use_cache: bool = True,
              on_token: Callable[[torch.Tensor], None] | None = None,
-             decode_step: Callable | None = None, kv_cache=None) -> torch.Tensor:
+             decode_step: Callable | None = None, kv_cache=None,
+             attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
     Decoding follows transformers' generate: the last position's logits, cast to fp32, go through the processors
@@ -30,6 +53,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     `on_token(next_ids (B,))` is called after each step, e.g. to stream text. `decode_step(ids (B, 1), cache,
     start_pos) -> logits (B, 1, V)` replaces the model for the one-token steps (lesson 12 passes a compiled one);
     `kv_cache` reuses a preallocated KVCache (batch B, room for T + max_new_tokens) instead of allocating one.
+    `attention_mask` (B, T), 1 real / 0 padding, runs left-padded prompts of different lengths (lesson 13).
 
     Nothing grows with the sequence: the output ids live in one buffer allocated up front, the cache is
     preallocated, and the model computes the head on the last position only (`last_only=True`).
@@ -46,6 +70,14 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
         raise ValueError(f"prompt of {T} tokens + max_new_tokens={max_new_tokens} = {T + max_new_tokens} tokens, "
                          f"more than the model's context length of {model.max_seq_len}; shorten the prompt or "
                          f"ask for at most {model.max_seq_len - T} new tokens")
+    mask = None  # (B, T + max_new_tokens) once there is padding: the attention mask of every position
+    if attention_mask is not None:
+        real = check_attention_mask(input_ids, attention_mask)  # (B, T)
+        if not real.all():  # a mask of ones is no padding: drop it, as transformers does
+            if decode_step is not None:
+                raise ValueError("decode_step takes no attention_mask: run padded batches without it")
+            mask = torch.ones(B, T + max_new_tokens, dtype=torch.bool, device=input_ids.device)
+            mask[:, :T] = real  # every generated token is real
     eos = model.eos_token_ids if eos_token_id is _MODEL_EOS else eos_token_list(eos_token_id)
     eos_ids = torch.tensor(eos, dtype=torch.long, device=input_ids.device)  # (n_eos,)
     processors = build_processors(do_sample, temperature, top_k, top_p, repetition_penalty)
@@ -53,6 +85,10 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=input_ids.device)  # (B, T + new): all ids
     out[:, :T] = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # (B,)
+
+    def padding(n: int) -> dict:  # the forward pass's attention_mask over the first n positions, when there is padding
+        return {} if mask is None else {"attention_mask": mask[:, :n]}  # (B, n)
+
     if use_cache:
         cache = model.new_kv_cache(B, T + max_new_tokens) if kv_cache is None else kv_cache
         if cache.batch_size != B or cache.max_len < T + max_new_tokens:
@@ -60,9 +96,9 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
                              f"batch {B} x {T + max_new_tokens}")
         step_fn = model if decode_step is None else decode_step
         # Prefill, once, computing the head on the last position only (the contract's `last_only`, lesson 06).
-        logits = model(input_ids, kv_cache=cache, start_pos=0, last_only=True)  # (B, 1, V)
+        logits = model(input_ids, kv_cache=cache, start_pos=0, last_only=True, **padding(T))  # (B, 1, V)
     else:
-        logits = model(input_ids)  # (B, T, V)
+        logits = model(input_ids, **padding(T))  # (B, T, V)
     n = T  # ids written so far
     for step in range(max_new_tokens):
         scores = logits[:, -1, :].float()  # (B, V): only the last position predicts the next token
@@ -79,7 +115,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
         if step == max_new_tokens - 1 or (eos and finished.all()):
             break  # no forward pass for a token nobody will read
         if use_cache:
-            logits = step_fn(out[:, n - 1:n], kv_cache=cache, start_pos=n - 1)  # (B, 1, V)
+            logits = step_fn(out[:, n - 1:n], kv_cache=cache, start_pos=n - 1, **padding(n))  # (B, 1, V)
         else:
-            logits = model(out[:, :n])  # (B, n, V): the whole sequence again
+            logits = model(out[:, :n], **padding(n))  # (B, n, V): the whole sequence again
     return out[:, :n]

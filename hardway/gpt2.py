@@ -62,10 +62,12 @@ class GPT2Config:
                    layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5))
 
 
-def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, start_pos: int = 0,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
     """x[b, t] = wte[input_ids[b, t]] + wpe[start_pos + t]: what the token is, plus where it is.
 
-    input_ids (B, T) -> x (B, T, C)."""
+    input_ids (B, T) -> x (B, T, C). `positions` (B, T), when given, is each token's own position instead: in a
+    left-padded batch (lesson 13) a row's first real token sits at position 0 whatever its column."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
     B, T = input_ids.shape
@@ -73,8 +75,9 @@ def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, 
     if start_pos < 0 or start_pos + T > n_positions:
         raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
                          f"n_positions={n_positions} (start_pos={start_pos}, {T} new tokens)")
-    positions = torch.arange(start_pos, start_pos + T, device=input_ids.device)  # (T,)
-    return wte(input_ids) + wpe(positions)  # (B, T, C) + (T, C) broadcasts over B -> (B, T, C)
+    if positions is None:
+        positions = torch.arange(start_pos, start_pos + T, device=input_ids.device)  # (T,)
+    return wte(input_ids) + wpe(positions)  # (B, T, C) + (T, C) or (B, T, C) -> (B, T, C)
 
 
 def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
@@ -88,15 +91,33 @@ def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
     return key_pos <= query_pos  # (T, S)
 
 
+def positions_and_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor, start_pos: int = 0):
+    """For a left-padded batch: the position of each new token, and which keys each new query may see.
+
+    attention_mask (B, S) over every position so far (1 real, 0 padding), S = start_pos + T; input_ids (B, T), the
+    new tokens -> positions (B, T): real tokens counted from 0 in each row, and mask (B, 1, T, S) boolean:
+    causal_mask and the key is real (the 1 broadcasts over heads)."""
+    B, T = input_ids.shape
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (B, start_pos + T):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; input_ids {tuple(input_ids.shape)} "
+                         f"at start_pos {start_pos} needs ({B}, {start_pos + T}): one entry per position so far")
+    real = attention_mask.bool()  # (B, S)
+    positions = (real.long().cumsum(-1) - 1).masked_fill(~real, 0)[:, start_pos:]  # (B, T): padding gets 0
+    mask = causal_mask(T, start_pos + T, device=input_ids.device) & real[:, None, None, :]  # (B, 1, T, S)
+    return positions, mask
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
     """softmax(q kᵀ / √d + mask) v, written out.
 
-    q (B, H, T, d); k, v (B, H, S, d); mask (T, S) boolean (causal_mask) or None -> output (B, H, T, d),
-    weights (B, H, T, S)."""
+    q (B, H, T, d); k, v (B, H, S, d); mask (T, S) boolean (causal_mask), (B, 1, T, S) (positions_and_mask) or None
+    -> output (B, H, T, d), weights (B, H, T, S)."""
     scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S): -inf on the future
     weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # (B, H, T, S): each row sums to 1
+    if mask is not None and mask.dim() == 4:  # a padding query sees no key at all: softmax of all -inf is NaN;
+        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # give it zeros, as SDPA does
     return weights @ v, weights  # (B, H, T, d), (B, H, T, S)
 
 
@@ -120,14 +141,17 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, kv_cache=None, start_pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_cache=None, start_pos: int = 0, mask: torch.Tensor | None = None):
+        """x (B, T, C) -> (B, T, C). `mask` (B, 1, T, S) from positions_and_mask for a left-padded batch, else the
+        causal mask is built here."""
         B, T, C = x.shape  # (B, T, C)
         q, k, v = self.qkv(x)  # each (B, H, T, d)
         if kv_cache is not None:
             # Store the new keys/values at positions start_pos.., get back all of 0..start_pos+T-1.
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # each (B, H, S, d), S = start_pos + T
         S = k.size(2)
-        mask = causal_mask(T, S, device=x.device) if T > 1 else None  # (T, S)
+        if mask is None:
+            mask = causal_mask(T, S, device=x.device) if T > 1 else None  # (T, S)
         y, _ = attention(q, k, v, mask)  # (B, H, T, d)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): the heads side by side again
         return self.c_proj(y)  # (B, T, C)
@@ -174,8 +198,8 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, kv_cache=None, start_pos: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, start_pos)  # (B, T, C): tokens read from each other
+    def forward(self, x: torch.Tensor, kv_cache=None, start_pos: int = 0, mask: torch.Tensor | None = None):
+        x = x + self.attn(self.ln_1(x), kv_cache, start_pos, mask)  # (B, T, C): tokens read from each other
         x = x + self.mlp(self.ln_2(x))  # (B, T, C): each token on its own
         return x
 
@@ -247,12 +271,16 @@ class GPT(nn.Module):
         return embed_tokens(self.wte, self.wpe, input_ids, start_pos)  # lesson 03
 
     def forward(self, input_ids: torch.Tensor, kv_cache=None, start_pos: int = 0,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) at positions start_pos..start_pos+T-1 -> logits (B, T, V), or (B, 1, V) with
-        last_only=True: generation reads only the last position, and the head is the biggest matmul (lesson 12)."""
-        x = self.embed(input_ids, start_pos)  # (B, T, C)
+        last_only=True: generation reads only the last position, and the head is the biggest matmul (lesson 12).
+        attention_mask (B, start_pos + T), 1 real / 0 padding: a left-padded batch (lesson 13), whose positions and
+        attention follow the mask."""
+        positions, mask = (None, None) if attention_mask is None else positions_and_mask(attention_mask, input_ids,
+                                                                                          start_pos)  # lesson 04
+        x = embed_tokens(self.wte, self.wpe, input_ids, start_pos, positions)  # (B, T, C), what embed() returns
         for block in self.h:
-            x = block(x, kv_cache, start_pos)  # (B, T, C)
+            x = block(x, kv_cache, start_pos, mask)  # (B, T, C)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         x = self.ln_f(x)  # (B, T, C)

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hardway.errors import CheckpointError, ConfigError  # lesson 03: the errors every model raises
-from hardway.gpt2 import causal_mask  # lesson 04: the one causal mask
+from hardway.gpt2 import causal_mask, positions_and_mask  # lesson 04: the one causal mask, and padding's
 from hardway.kv_cache import KVCache  # lesson 08
 from hardway.loading import Checkpoint  # lesson 06
 
@@ -139,10 +139,12 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)  # (d/2,) fp32
 
-    def forward(self, positions, dtype):  # positions: (T,) int64
-        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # (T, d/2) angles, fp32
-        emb = torch.cat((freqs, freqs), dim=-1)  # (T, d): the same angle for j and j + d/2
-        return emb.cos().to(dtype), emb.sin().to(dtype)  # each (T, d)
+    def forward(self, positions, dtype):  # positions: (T,) int64, or (B, T): each row its own (lesson 13)
+        freqs = positions.float()[..., None] * self.inv_freq.float()  # (T, d/2) or (B, T, d/2) angles, fp32
+        emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d): the same angle for j and j + d/2
+        if positions.dim() == 2:
+            emb = emb[:, None]  # (B, 1, T, d): broadcasts over the heads of (B, n_heads, T, d)
+        return emb.cos().to(dtype), emb.sin().to(dtype)  # each (T, d), or (B, 1, T, d)
 
 
 def rotate_half(x):
@@ -161,20 +163,27 @@ def repeat_kv(x, n_rep: int):
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
-def causal_attention(q, k, v):
+def causal_attention(q, k, v, mask=None):
     """q: (B, n_head, T, d); k, v: (B, n_kv_head, S, d) where the T queries are the last T of S positions.
+    mask: None, or (B, 1, T, S) boolean from positions_and_mask for a left-padded batch (lesson 13).
 
     Calls F.scaled_dot_product_attention with the arguments transformers uses, so the result is bit-identical."""
     T, S = q.shape[2], k.shape[2]
     scale = q.shape[-1] ** -0.5
     gqa = q.shape[1] != k.shape[1]
+    n_rep = q.shape[1] // k.shape[1]
+    if mask is not None:  # padding: the mask says everything, causal and padding together
+        if T == 1 and gqa:  # transformers' pack_gqa: a group's n_rep query heads become n_rep queries of its KV head
+            B, H, _, d = q.shape
+            y = F.scaled_dot_product_attention(q.reshape(B, H // n_rep, n_rep, d), k, v, attn_mask=mask, scale=scale)
+            return y.reshape(B, H, 1, d)  # (B, n_head, 1, d)
+        return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask, scale=scale)
     if T == S:    # the whole sequence at once: the standard causal triangle
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if T == 1:    # one new token: it may attend to every position in the cache
         return F.scaled_dot_product_attention(q, k, v, is_causal=False, scale=scale, enable_gqa=gqa)
     # T new tokens after S - T cached ones: query t sees positions [0, S - T + t]
     mask = causal_mask(T, S, device=q.device)  # (T, S), True where allowed
-    n_rep = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask, scale=scale)
 
 
@@ -199,12 +208,12 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v  # positions enter here, and only here
 
-    def forward(self, x, cos, sin, kv_cache=None, start_pos=0):  # x: (B, T, C); cos, sin: (T, d)
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C); cos, sin: (T, d)
         B, T, _ = x.shape
         q, k, v = self.qkv(x, cos, sin)
         if kv_cache is not None:  # store the new keys/values, attend over everything cached so far
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, start_pos + T, d)
-        y = causal_attention(q, k, v)  # (B, n_head, T, d)
+        y = causal_attention(q, k, v, mask)  # (B, n_head, T, d)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, n_head * d)
         return self.o_proj(y)  # (B, T, C)
 
@@ -231,8 +240,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, kv_cache=None, start_pos=0):  # x: (B, T, C)
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, start_pos)
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C)
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, start_pos, mask)
         x = x + self.mlp(self.mlp_norm(x))
         return x  # (B, T, C)
 
@@ -261,7 +270,8 @@ class Llama(nn.Module):
         """input_ids (B, T) -> the residual stream entering block 0, (B, T, C). (Positions enter later, in RoPE.)"""
         return self.tok_emb(input_ids)
 
-    def forward(self, input_ids, kv_cache=None, start_pos: int = 0, last_only: bool = False):  # input_ids: (B, T)
+    def forward(self, input_ids, kv_cache=None, start_pos: int = 0, last_only: bool = False,
+                attention_mask=None):  # input_ids: (B, T); attention_mask: (B, start_pos + T), lesson 13
         B, T = input_ids.shape
         if start_pos < 0 or start_pos + T > self.max_seq_len:
             raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
@@ -269,9 +279,13 @@ class Llama(nn.Module):
         if start_pos and kv_cache is None:
             raise ValueError("start_pos > 0 needs the kv_cache holding the earlier positions")
         x = self.embed(input_ids)  # (B, T, C)
-        cos, sin = self.rope(torch.arange(start_pos, start_pos + T, device=input_ids.device), x.dtype)  # (T, d) each
+        if attention_mask is None:
+            positions, mask = torch.arange(start_pos, start_pos + T, device=input_ids.device), None  # (T,)
+        else:  # a left-padded batch: positions (B, T) count real tokens; mask (B, 1, T, S) hides padding
+            positions, mask = positions_and_mask(attention_mask, input_ids, start_pos)  # lesson 04
+        cos, sin = self.rope(positions, x.dtype)  # (T, d) or (B, 1, T, d) each
         for block in self.blocks:
-            x = block(x, cos, sin, kv_cache, start_pos)  # (B, T, C)
+            x = block(x, cos, sin, kv_cache, start_pos, mask)  # (B, T, C)
         if last_only:  # generation reads only the last position: skip the head's biggest matmul (lesson 12)
             x = x[:, -1:, :]  # (B, 1, C)
         x = self.final_norm(x)

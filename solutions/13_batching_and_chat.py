@@ -3,6 +3,8 @@
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
 
+import torch
+
 from hardway.chat import ChatTemplateError
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -33,3 +35,20 @@ def my_fit_conversation(chat, messages, max_tokens):
             raise ChatTemplateError(f"the system message and the last message alone need {n} tokens, "
                                     f"more than max_tokens={max_tokens}")
         rest = rest[1:]  # drop the oldest
+
+
+# Exercise 3: left padding by hand.
+def my_left_pad(token_lists, pad_id):
+    T = max(len(ids) for ids in token_lists)
+    input_ids = torch.tensor([[pad_id] * (T - len(ids)) + list(ids) for ids in token_lists])  # (B, T)
+    attention_mask = torch.tensor([[0] * (T - len(ids)) + [1] * len(ids) for ids in token_lists])  # (B, T)
+    return input_ids, attention_mask
+
+
+# Exercise 4: positions and mask of a left-padded batch.
+def my_positions_and_mask(attention_mask):
+    real = attention_mask.bool()  # (B, S)
+    positions = (real.long().cumsum(-1) - 1).masked_fill(~real, 0)  # (B, S)
+    S = attention_mask.shape[1]
+    causal = torch.ones(S, S, dtype=torch.bool).tril()  # (S, S): key j <= query i
+    return positions, causal & real[:, None, None, :]  # (B, 1, S, S)

@@ -35,7 +35,7 @@ def params(fn):
     return [(p.name, p.default) for p in list(inspect.signature(fn).parameters.values())]
 
 assert params(model.forward) == [("input_ids", inspect.Parameter.empty), ("kv_cache", None), ("start_pos", 0),
-                                 ("last_only", False)], params(model.forward)
+                                 ("last_only", False), ("attention_mask", None)], params(model.forward)
 assert params(model.new_kv_cache) == [("batch_size", inspect.Parameter.empty), ("max_len", None)], params(model.new_kv_cache)
 assert params(model.embed) == [("input_ids", inspect.Parameter.empty), ("start_pos", 0)], params(model.embed)
 assert [n for n, _ in params(model.qkv)] == ["layer", "x"]
@@ -58,6 +58,27 @@ with torch.inference_mode():
     steps += [model(ids[:, p:p + 1], kv_cache=cache, start_pos=p) for p in range(5, 9)]
     cached = torch.cat(steps, dim=1)
     cached_delta = (cached - full).abs().max().item()
+
+    # attention_mask (lesson 13): row 1 left-padded by 3 gives, at its real positions, the logits of its 6 tokens
+    # alone, in a full pass and through the cache, prefill then one token per step with the mask growing.
+    padded = torch.cat([ids[1:, :3], ids[1:, 3:]], dim=1)  # (1, 9): 3 filler tokens, then the 6 real ones
+    batch = torch.cat([ids[:1], padded])  # (2, 9)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    alone = model(ids[1:, 3:])  # (1, 6, V)
+    masked = model(batch, attention_mask=mask)  # (2, 9, V)
+    cache = model.new_kv_cache(2, 9)
+    steps = [model(batch[:, :5], kv_cache=cache, start_pos=0, attention_mask=mask[:, :5])]
+    steps += [model(batch[:, p:p + 1], kv_cache=cache, start_pos=p, attention_mask=mask[:, :p + 1]) for p in range(5, 9)]
+    masked_cached = torch.cat(steps, dim=1)
+    padded_delta = max((masked[1, 3:] - alone[0]).abs().max().item(), (masked_cached[1, 3:] - alone[0]).abs().max().item(),
+                       (masked[0] - full[0]).abs().max().item())
+    try:
+        model(batch, attention_mask=mask[:, :8])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("forward accepted an attention_mask of the wrong length")
 
     # The diagnostics' view: embed -> blocks -> final_norm is the forward pass, and qkv is layer 0's attention input.
     x = model.embed(ids)  # (2, 9, C)
@@ -91,7 +112,8 @@ with torch.inference_mode():
         raise AssertionError("forward accepted more positions than max_seq_len")
 
 print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model).__name__}",
-                  "table": MODEL_CLASSES, "cached_delta": cached_delta,
+                  "table": MODEL_CLASSES, "cached_delta": cached_delta, "padded_delta": padded_delta,
+                  "logit_scale": full.abs().max().item(),
                   "imported_model_modules": sorted(m for m in set(sys.modules) - before
                                                    if m in ("hardway.gpt2", "hardway.llama"))}))
 '''
@@ -133,6 +155,10 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert facts["class"] == expected_class
     assert facts["cached_delta"] <= 1e-4, facts  # the cached path computes the same logits
+    # Left padding with its mask changes the real tokens' logits by fp32 rounding only: other matmul shapes and another
+    # attention kernel sum in another order (lesson 13). Measured: 2.4e-4 on SmolLM2 (logits up to 35), where
+    # transformers' own padded-vs-alone difference is 7e-5; so a bound relative to the logits' size.
+    assert facts["padded_delta"] <= 2e-5 * facts["logit_scale"], facts
     # load imported the model module this checkpoint needs (Llama's imports GPT-2's for the causal mask), no other
     module = expected_class.rsplit(".", 1)[0]
     assert module in facts["imported_model_modules"], facts
