@@ -224,7 +224,8 @@ class Engine:
         while self.waiting and len(self.running) < self.max_batch:
             seq = self.waiting[0]
             n = len(seq.tokens)
-            if (n > budget and budget < self.max_prefill_tokens) or not self.blocks.grow(seq.block_table, n):
+            over_budget = n > budget and budget < self.max_prefill_tokens  # the step's first prefill always runs
+            if over_budget or not self.blocks.grow(seq.block_table, n):
                 break  # no room now: it stays first in line
             self.waiting.popleft()
             budget -= n
