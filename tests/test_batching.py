@@ -203,8 +203,8 @@ def test_chat_loop_drops_the_oldest_messages_to_fit():
         return line
 
     out = io.StringIO()
-    assert chat_loop(model, chat, max_new_tokens=16, max_context=110, read=read, out=out) == 0
-    assert "(dropped the 2 oldest message(s) to keep the conversation within 110 tokens)" in out.getvalue()
+    assert chat_loop(model, chat, max_new_tokens=16, max_context=86, read=read, out=out) == 0
+    assert "(dropped the 2 oldest message(s) to keep the conversation within 86 tokens)" in out.getvalue()
 
 
 def _cli(*args):
