@@ -108,7 +108,6 @@ def cmd_chat(args) -> int:
                      system=args.system, **_sampling(args, device))
 
 
-
 def cmd_serve(args) -> int:
     device, dtype = _device_and_dtype(args)
     for name in ("max_batch", "blocks", "block_size"):
@@ -121,6 +120,8 @@ def cmd_serve(args) -> int:
     resolve("hardway.server:serve")(args.model, host=args.host, port=args.port, max_batch=args.max_batch,  # lesson 14
                                     n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype)
     return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hardway", description="LLM inference the hard way")
     sub = parser.add_subparsers(dest="command", required=True)
