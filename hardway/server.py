@@ -179,6 +179,21 @@ async def read_json(request: Request) -> dict:
     return value
 
 
+DISCONNECTED = object()  # what next_event returns once the client has gone
+
+
+async def next_event(request: Request, pending: Pending):
+    """The request's next event from the engine, or DISCONNECTED as soon as the client has hung up (checked at every
+    event, and twice a second while none comes), so its blocks are freed at once."""
+    while True:
+        if await request.is_disconnected():
+            return DISCONNECTED
+        try:
+            return await asyncio.wait_for(pending.events.get(), timeout=0.5)
+        except asyncio.TimeoutError:
+            continue
+
+
 # ---- the app ---------------------------------------------------------------------------------------------------------
 
 def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None) -> FastAPI:
@@ -273,13 +288,10 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         if not stream:
             text = []
             while True:
-                try:
-                    event = await asyncio.wait_for(pending.events.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        worker.cancel(pending)
-                        return error_response(499, "the client closed the request")
-                    continue
+                event = await next_event(request, pending)
+                if event is DISCONNECTED:
+                    worker.cancel(pending)
+                    return error_response(499, "the client closed the request")
                 if event is None:
                     return error_response(503, "the server is shutting down; the request was cancelled")
                 text.append(event.text)
@@ -302,7 +314,9 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                     first["delta"]["role"] = "assistant"
                     yield sse({**head, "choices": [first]})
                 while True:
-                    event = await pending.events.get()
+                    event = await next_event(request, pending)
+                    if event is DISCONNECTED:
+                        return  # `finally` cancels the request
                     if event is None:
                         yield sse({"error": {"message": "the server is shutting down; the request was cancelled",
                                              "type": "server_error", "param": None, "code": None}})
