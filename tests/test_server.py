@@ -264,7 +264,7 @@ def test_more_blocks_than_the_pool_is_refused_not_hung(smollm):
 
 def test_client_disconnect_frees_blocks(smollm):
     with httpx.stream("POST", smollm.url + "/v1/completions", timeout=120,
-                      json={"model": SMOLLM2, "prompt": PROMPTS[1], "max_tokens": 60, "temperature": 0,
+                      json={"model": SMOLLM2, "prompt": PROMPTS[1], "max_tokens": 100, "temperature": 0,
                             "stream": True}) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
