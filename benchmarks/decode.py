@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hardway.fast_decode import CompiledDecodeStep, measure_bandwidth, roofline_tokens_per_s, timed  # noqa: E402
 from hardway.generation import generate  # noqa: E402
-from hardway.hub import checkpoint, models_dir  # noqa: E402
+from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
 from hardway.loading import load  # noqa: E402
 from hardway.memory import weight_bytes  # noqa: E402
 from hardway.verify import DTYPE_NAMES  # noqa: E402  (the names the CLI accepts: float32, float16, bfloat16)
@@ -35,8 +35,7 @@ def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    corpus = models_dir() / "data" / "shakespeare.txt"
-    text = corpus.read_text(encoding="utf-8")[:20_000] if corpus.exists() else "The quick brown fox jumps over the lazy dog. " * 50
+    text = shakespeare_path().read_text(encoding="utf-8")[:20_000]
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :n_tokens]
     if ids.shape[1] < n_tokens:
         raise SystemExit(f"the text gives only {ids.shape[1]} tokens, fewer than --prompt-tokens {n_tokens}")

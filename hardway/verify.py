@@ -20,7 +20,7 @@ from transformers.utils import logging as transformers_logging
 
 from hardway.generation import generate  # lesson 08
 from hardway.gpt2 import causal_mask  # lesson 04
-from hardway.hub import checkpoint, dataset_file, models_dir, repo_root  # lesson 01
+from hardway.hub import checkpoint, dataset_file, repo_root, shakespeare_path  # lesson 01
 from hardway.loading import CausalLM, forward_once, load  # lesson 06
 from hardway.tokenizer import load_tokenizer  # lesson 10
 
@@ -100,7 +100,7 @@ def eval_text(text_file=None) -> tuple[str, str]:
         if not text.strip():
             raise ValueError(f"--text {path}: the file is empty")
         return path.name, text
-    standin = models_dir() / "data" / "shakespeare.txt"
+    standin = shakespeare_path(download=False)  # the stand-in's plays when the models folder is the stand-ins'
     if standin.exists():
         return "Shakespeare stand-in", standin.read_text(encoding="utf-8")
     path = dataset_file("Salesforce/wikitext", "wikitext-2-raw-v1/test-00000-of-00001.parquet")

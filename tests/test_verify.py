@@ -11,7 +11,7 @@ import torch
 import hardway.llama as llama_module
 from hardway import cli
 from hardway.generation import generate
-from hardway.hub import checkpoint
+from hardway.hub import checkpoint, shakespeare_path
 from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
 from hardway.verify import (DEFAULT_PROMPT, TOLERANCE, Check, attention_diffs, check_greedy, check_logits,
@@ -100,7 +100,7 @@ def test_fp32_targets_are_far_tighter_than_the_half_precision_ones(pair):
     ours, theirs, tok = pair
     ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
     assert check_logits(ours, theirs, ids, torch.float32)[1] <= 1e-4
-    text = (Path(checkpoint(SMOLLM2)).parent.parent / "data" / "shakespeare.txt").read_text(encoding="utf-8")
+    text = shakespeare_path().read_text(encoding="utf-8")
     check, a, b = check_perplexity(ours, theirs, torch.tensor(tok.encode(text[:6000])), window=256, stride=128)
     assert abs(perplexity(a) - perplexity(b)) / perplexity(b) <= 1e-4, check.measured
 
