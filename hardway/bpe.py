@@ -9,38 +9,11 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import unicodedata
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import regex
-import requests
-
-from hardway.hub import models_dir
-
-
-TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-
-
-def shakespeare_path() -> Path:
-    """models_dir()/data/shakespeare.txt; downloaded from char-rnn once if absent (not with HF_HUB_OFFLINE=1)."""
-    path = models_dir() / "data" / "shakespeare.txt"
-    if path.exists():
-        return path
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        raise FileNotFoundError(f"{path} does not exist and HF_HUB_OFFLINE is set: put a UTF-8 text file there")
-    try:
-        response = requests.get(TINY_SHAKESPEARE_URL, timeout=(10, 60))
-        response.raise_for_status()
-    except requests.RequestException as e:
-        raise OSError(f"could not download TinyShakespeare from {TINY_SHAKESPEARE_URL} ({e}); "
-                      f"put any UTF-8 text file at {path} instead") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".incomplete")
-    partial.write_bytes(response.content)
-    os.replace(partial, path)  # the final name only ever holds a complete file
-    return path
 
 
 def merge_pair(symbols: list, pair: tuple, new_symbol) -> list:

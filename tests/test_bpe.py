@@ -15,11 +15,10 @@ from hardway.bpe import (
     GPT2Tokenizer,
     bytes_to_unicode,
     merge_pair,
-    shakespeare_path,
     train_bpe,
     unicode_to_bytes,
 )
-from hardway.hub import checkpoint
+from hardway.hub import checkpoint, shakespeare_path
 
 # Copied from openai/gpt-2 encoder.py, so the naive trainer below does not share our module's constant.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -174,16 +173,6 @@ def test_bytes_to_unicode_table():
     assert table[ord("A")] == "A" and table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ"
     assert all(c.isprintable() and not c.isspace() for c in table.values())
     assert unicode_to_bytes("Ġthe") == b" the"
-
-
-def test_shakespeare_path_offline(tmp_path, monkeypatch):
-    monkeypatch.setenv("HARDWAY_MODELS", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="shakespeare.txt"):
-        shakespeare_path()
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "shakespeare.txt").write_text("To be", encoding="utf-8")
-    assert shakespeare_path().read_text(encoding="utf-8") == "To be"
 
 
 # --- train_bpe ----------------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from hardway.bpe import BPETokenizer, shakespeare_path, split_isolated
-from hardway.hub import checkpoint
+from hardway.bpe import BPETokenizer, split_isolated
+from hardway.hub import checkpoint, shakespeare_path
 
 REPOS = ["meta-llama/Llama-3.2-tokenizer", "HuggingFaceTB/SmolLM2-135M-Instruct"]
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
