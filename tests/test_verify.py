@@ -156,3 +156,20 @@ def test_bad_model_argument_is_one_clear_line(capsys):
     assert cli.main(["generate", "--model", "not a repo id!", "--device", "cpu", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hardway generate: error:") and "not a hub repo id" in err and "Traceback" not in err
+
+
+def test_the_ritual_and_its_diagnostics_on_qwen2(tmp_path):
+    # Qwen2 (q/k/v biases) through the same functions: nothing in verify knows which architecture it looks at.
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 bos_token_id=1, eos_token_id=2)).save_pretrained(tmp_path)
+    ours, theirs = load(tmp_path), load_reference(tmp_path)
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    assert check_logits(ours, theirs, ids, torch.float32)[0].passed
+    assert check_greedy(ours, theirs, ids, max_new_tokens=10)[0].passed
+    assert check_perplexity(ours, theirs, torch.randint(0, 128, (200,)), window=32, stride=16)[0].passed
+    assert first_divergent_layer(hidden_state_diffs(ours, theirs, ids), 1e-3) is None
+    assert max(attention_diffs(ours, theirs, ids, layer=1).values()) <= 1e-4
