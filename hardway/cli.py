@@ -19,7 +19,7 @@ from hardway.verify import DEFAULT_PROMPT, format_report, run_ritual
 
 def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
     """The device and dtype asked for, checked by the same rule as `load`'s: a device this machine has."""
-    device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), name="--device")
     return device, DTYPE_NAMES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
 
 

@@ -31,21 +31,21 @@ def check_dtype(dtype) -> torch.dtype:
     raise ValueError(f"dtype {dtype!r}: hardway computes in {', '.join(DTYPE_NAMES)} (a name or a torch.dtype)")
 
 
-def check_device(device) -> torch.device:
+def check_device(device, name: str = "device") -> torch.device:
     """`device` ("cpu", "cuda", "cuda:1", a torch.device) as a torch.device this machine has; else a ValueError
-    saying why not, before anything is loaded onto it."""
+    saying why not, before anything is loaded onto it. `name` is what the message calls it (the CLI: --device)."""
     try:
         d = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device {device!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
+        raise ValueError(f"{name} {device!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
     if d.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {str(d)!r}: this machine has no CUDA GPU that torch can use")
+            raise ValueError(f"{name} {d}: this machine has no CUDA GPU that torch can use")
         if (d.index or 0) >= torch.cuda.device_count():
-            raise ValueError(f"device {str(d)!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+            raise ValueError(f"{name} {d}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                              f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     elif d.type != "cpu":
-        raise ValueError(f"device {str(d)!r}: hardway runs on cpu or cuda")
+        raise ValueError(f"{name} {d}: hardway runs on cpu or cuda")
     return d
 
 
