@@ -14,7 +14,6 @@ from hardway.hub import checkpoint
 from hardway.loading import DTYPE_NAMES, check_device, load
 from hardway.sampling import build_processors
 from hardway.tokenizer import load_tokenizer
-from hardway.verify import DEFAULT_PROMPT, format_report, run_ritual
 
 
 def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
@@ -24,8 +23,13 @@ def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
 
 
 def cmd_verify(args) -> int:
+    # Imported here, not at the top: the ritual needs transformers, which takes four times as long to import as
+    # the rest of hardway, and `hardway generate` (or a mistyped flag) should not wait for it.
+    from hardway.verify import DEFAULT_PROMPT, format_report, run_ritual
+
     device, dtype = _device_and_dtype(args)
-    checks = run_ritual(args.model, device=device, dtype=dtype, prompt=args.prompt, new_tokens=args.new_tokens,
+    prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    checks = run_ritual(args.model, device=device, dtype=dtype, prompt=prompt, new_tokens=args.new_tokens,
                         max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text,
                         report=lambda checks: print(format_report(checks), flush=True))
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
@@ -81,7 +85,7 @@ def main(argv=None) -> int:
     common.add_argument("--dtype", default=None, choices=sorted(DTYPE_NAMES),
                         help="default: float16 on CUDA, float32 on CPU")
     v = sub.add_parser("verify", parents=[common], help="the verification ritual against transformers")
-    v.add_argument("--prompt", default=DEFAULT_PROMPT)
+    v.add_argument("--prompt", default=None, help="default: hardway.verify.DEFAULT_PROMPT")
     v.add_argument("--new-tokens", type=int, default=50)
     v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length (default: all on CUDA, 2048 on CPU)")
     v.add_argument("--text", default=None, metavar="FILE",

@@ -24,6 +24,7 @@ from hardway.errors import ConfigError
 from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.loading import load
+from hardway.tokenizer import load_tokenizer
 from hardway.verify import run_ritual
 
 HARDWAY_EXE = Path(sys.executable).with_name("hardway")
@@ -44,7 +45,9 @@ def tiny(tmp_path_factory):
     LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
                                  vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1,
                                  eos_token_id=2)).save_pretrained(root / "llama")
-    return SimpleNamespace(gpt2=root / "gpt2", llama=root / "llama", root=root)
+    shutil.copytree(root / "gpt2", root / "gpt2-standin")  # a STANDIN.md makes checkpoint() print a banner
+    (root / "gpt2-standin" / "STANDIN.md").write_text("# A tiny stand-in for the tests\n")
+    return SimpleNamespace(gpt2=root / "gpt2", llama=root / "llama", standin=root / "gpt2-standin", root=root)
 
 
 @pytest.fixture(scope="module")
@@ -344,20 +347,18 @@ def test_the_command_prints_the_checks_before_a_plot_fails_to_save(tiny, tmp_pat
 
 
 def test_generate_writes_the_text_alone_to_stdout(tiny):
-    # On the GPT-2 stand-in, whose checkpoint() prints a banner: the banner and the echoed prompt go to stderr.
-    folder = checkpoint(GPT2_STANDIN)
+    # On a stand-in, whose checkpoint() prints a banner: the banner and the echoed prompt go to stderr.
     prompt = "The capital of France is"
-    result = hardway("generate", "--model", folder, "--device", "cpu", "--max-new-tokens", "8", prompt)
+    result = hardway("generate", "--model", tiny.standin, "--device", "cpu", "--max-new-tokens", "8", prompt)
     assert result.returncode == 0, result.stderr
-    from hardway.tokenizer import load_tokenizer
-    tokenizer = load_tokenizer(folder)
-    expected = generate(load(folder), torch.tensor([tokenizer.encode(prompt)]), max_new_tokens=8)
+    tokenizer = load_tokenizer(tiny.standin)
+    expected = generate(load(tiny.standin), torch.tensor([tokenizer.encode(prompt)]), max_new_tokens=8)
     assert result.stdout == tokenizer.decode(expected[0, len(tokenizer.encode(prompt)):].tolist()) + "\n"
     assert "STAND-IN" in result.stderr and prompt in result.stderr and "STAND-IN" not in result.stdout
 
 
 def test_ctrl_c_during_generate_keeps_the_text_and_exits_130_without_a_traceback():
-    folder = checkpoint(GPT2_STANDIN)
+    folder = checkpoint(GPT2_STANDIN)  # GPT-2's real size: 1000 new tokens take long enough to interrupt
     process = subprocess.Popen([str(HARDWAY_EXE), "generate", "--model", str(folder), "--device", "cpu",
                                 "--max-new-tokens", "1000", "Once upon a time"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
