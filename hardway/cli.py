@@ -4,40 +4,34 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
 
 from hardway.generation import generate
 from hardway.hub import checkpoint
-from hardway.loading import load
+from hardway.loading import DTYPE_NAMES, check_device, load
+from hardway.sampling import build_processors
 from hardway.tokenizer import load_tokenizer
-from hardway.verify import DEFAULT_PROMPT, DTYPE_NAMES, format_report, run_ritual
 
 
-def _device_and_dtype(args) -> tuple[str, torch.dtype]:
-    """The device and dtype asked for, checked: a device this machine has, in a dtype it computes."""
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"--device {device!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: this machine has no CUDA GPU that torch can use")
-        index = torch.device(device).index or 0
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
-    elif kind != "cpu":
-        raise ValueError(f"--device {device}: hardway runs on cpu or cuda")
-    return device, DTYPE_NAMES[args.dtype or ("float16" if kind == "cuda" else "float32")]
+def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype asked for, checked by the same rule as `load`'s: a device this machine has."""
+    device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), name="--device")
+    return device, DTYPE_NAMES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
 
 
 def cmd_verify(args) -> int:
+    # Imported here, not at the top: the ritual needs transformers, which takes four times as long to import as
+    # the rest of hardway, and `hardway generate` (or a mistyped flag) should not wait for it.
+    from hardway.verify import DEFAULT_PROMPT, format_report, run_ritual
+
     device, dtype = _device_and_dtype(args)
-    checks = run_ritual(args.model, device=device, dtype=dtype, prompt=args.prompt, new_tokens=args.new_tokens,
-                        max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text)
-    print(format_report(checks))
+    prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    checks = run_ritual(args.model, device=device, dtype=dtype, prompt=prompt, new_tokens=args.new_tokens,
+                        max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text,
+                        report=lambda checks: print(format_report(checks), flush=True))
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
     failed = [c.name for c in checks if not c.passed]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
@@ -45,27 +39,39 @@ def cmd_verify(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    """The generated text alone goes to stdout (so `hardway generate ... > out.txt` holds just that); the echoed
+    prompt, banners and errors go to stderr."""
     device, dtype = _device_and_dtype(args)
-    folder = checkpoint(args.model)
-    tokenizer = load_tokenizer(folder)
-    model = load(folder, device=device, dtype=dtype)
-    input_ids = torch.tensor([tokenizer.encode(args.prompt)], device=device)  # (1, T)
+    # --temperature 0 means greedy; any other value is checked by the rule `generate` uses, before anything loads.
+    do_sample = args.temperature != 0
+    sampling = dict(do_sample=do_sample, temperature=args.temperature if do_sample else None, top_k=args.top_k,
+                    top_p=args.top_p)
+    build_processors(**sampling)
+    with contextlib.redirect_stdout(sys.stderr):  # whatever loading says (a stand-in's banner) is not the output
+        folder = checkpoint(args.model)
+        tokenizer = load_tokenizer(folder)
+        model = load(folder, device=device, dtype=dtype)
+    input_ids = torch.tensor([tokenizer.encode(args.prompt)], dtype=torch.long, device=device)  # (1, T)
     new: list[int] = []
     shown = ""
 
     def stream(next_ids):  # next_ids: (1,)
         nonlocal shown
+        if not new:  # the prompt, echoed once generation is under way (an error before it comes alone)
+            sys.stderr.write(args.prompt); sys.stderr.flush()
         new.append(int(next_ids[0]))
         text = tokenizer.decode(new)
         if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
             sys.stdout.write(text[len(shown):]); sys.stdout.flush()
             shown = text
 
-    sys.stdout.write(args.prompt); sys.stdout.flush()
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
-    generate(model, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
-             temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
-             generator=generator, on_token=stream)
+    try:
+        generate(model, input_ids, max_new_tokens=args.max_new_tokens, generator=generator, on_token=stream,
+                 **sampling)
+    except KeyboardInterrupt:  # Ctrl-C: the text so far stays on stdout; one line on stderr says why it stopped
+        print(f"\nhardway generate: interrupted after {len(new)} new token(s)", file=sys.stderr)
+        return 130
     sys.stdout.write("\n")
     return 0
 
@@ -79,7 +85,7 @@ def main(argv=None) -> int:
     common.add_argument("--dtype", default=None, choices=sorted(DTYPE_NAMES),
                         help="default: float16 on CUDA, float32 on CPU")
     v = sub.add_parser("verify", parents=[common], help="the verification ritual against transformers")
-    v.add_argument("--prompt", default=DEFAULT_PROMPT)
+    v.add_argument("--prompt", default=None, help="default: hardway.verify.DEFAULT_PROMPT")
     v.add_argument("--new-tokens", type=int, default=50)
     v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length (default: all on CUDA, 2048 on CPU)")
     v.add_argument("--text", default=None, metavar="FILE",
@@ -103,3 +109,12 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:  # bad input, a missing or gated checkpoint: one clear line, no traceback
         print(f"hardway {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # the GPU failing (a driver error, a kernel missing for this GPU): one line too
+        if not (isinstance(e, torch.AcceleratorError) or "CUDA" in str(e)):
+            raise  # anything else is a bug in hardway, and its traceback is what a bug report needs
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"hardway {args.command}: error: the GPU failed: {first_line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while loading: no traceback, the shell's exit code for SIGINT
+        print(f"\nhardway {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from hardway.errors import check_int  # lesson 03
 from hardway.loading import CausalLM, eos_token_list  # lesson 06: the model contract, the one EOS normalisation
 from hardway.sampling import build_processors, sample_next_token
 
@@ -34,18 +35,25 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     Nothing grows with the sequence: the output ids live in one buffer allocated up front, the cache is
     preallocated, and the model computes the head on the last position only (`last_only=True`).
     """
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise ValueError(f"input_ids must be a LongTensor of shape (B, T), got "
-                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} {tuple(getattr(input_ids, 'shape', ()))}")
+    # Every argument is checked before the model runs or a cache is allocated; the model checks the ids' values.
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a tensor of token ids of shape (B, T), got "
+                         f"{type(input_ids).__name__} {tuple(getattr(input_ids, 'shape', ()))}")
     B, T = input_ids.shape
     if B == 0 or T == 0:
-        raise ValueError(f"input_ids must hold at least one token per row, got shape {(B, T)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        raise ValueError(f"the prompt is empty (input_ids of shape {(B, T)}): generation continues at least one token")
+    if input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be a LongTensor (torch.long), got {input_ids.dtype}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
     if T + max_new_tokens > model.max_seq_len:
-        raise ValueError(f"prompt of {T} tokens + max_new_tokens={max_new_tokens} = {T + max_new_tokens} tokens, "
-                         f"more than the model's context length of {model.max_seq_len}; shorten the prompt or "
-                         f"ask for at most {model.max_seq_len - T} new tokens")
+        room = model.max_seq_len - T  # new tokens that still fit
+        raise ValueError(f"the prompt is {T} tokens; with max_new_tokens={max_new_tokens} that makes "
+                         f"{T + max_new_tokens}, more than the model's context of {model.max_seq_len} tokens: "
+                         + (f"ask for at most {room} new tokens" if room > 0 else
+                            f"the prompt alone fills it; shorten it to at most {model.max_seq_len - 1} tokens"))
+    if do_sample and generator is not None and generator.device != input_ids.device:
+        raise ValueError(f"the generator is on {generator.device}, the token ids on {input_ids.device}: "
+                         f"make it with torch.Generator(device={str(input_ids.device)!r})")
     eos = model.eos_token_ids if eos_token_id is _MODEL_EOS else eos_token_list(eos_token_id)
     eos_ids = torch.tensor(eos, dtype=torch.long, device=input_ids.device)  # (n_eos,)
     processors = build_processors(do_sample, temperature, top_k, top_p, repetition_penalty)

@@ -8,8 +8,10 @@ architecture hardway loads: GPT-2, Llama, SmolLM2, Qwen2.
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pyarrow.parquet as pq
 import torch
@@ -25,7 +27,6 @@ from hardway.loading import CausalLM, forward_once, load  # lesson 06
 from hardway.tokenizer import load_tokenizer  # lesson 10
 
 DEFAULT_PROMPT = "The three most important numbers in inference engineering are"
-DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}  # CLI spelling -> dtype
 
 
 @dataclass(frozen=True)
@@ -208,10 +209,18 @@ def attention_diffs(ours: CausalLM, theirs, input_ids, layer: int = 0) -> dict[s
 
 
 def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, new_tokens=50,
-               max_eval_tokens=None, window=None, stride=None, out_dir=None, text_file=None) -> list[Check]:
+               max_eval_tokens=None, window=None, stride=None, out_dir=None, text_file=None,
+               report: Callable[[list[Check]], None] | None = None) -> list[Check]:
     """Run the three checks and the diagnostics on `model` (hub id or folder); perplexity on `text_file` (a local
     UTF-8 file) when given, else on eval_text()'s corpus. Plots go to `out_dir` (default: artifacts/verify/ in the
-    repository)."""
+    repository), which is checked first; `report(checks)` is called once the checks are done, before any plot
+    is written."""
+    out = Path(out_dir) if out_dir is not None else repo_root() / "artifacts" / "verify"
+    try:  # can we write there? Find out now, not after minutes of work
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        raise OSError(f"cannot write the plots into {out}: {e.strerror or e}") from None
     folder = checkpoint(model)
     name, text = eval_text(text_file)  # before loading two models: a bad file fails fast
     tokenizer = load_tokenizer(folder)
@@ -232,27 +241,27 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
     ppl.measured += f" on {len(ids)} tokens of {name}"
     checks.append(ppl)
 
-    out = Path(out_dir) if out_dir is not None else repo_root() / "artifacts" / "verify"
-    out.mkdir(parents=True, exist_ok=True)
+    diffs = hidden_state_diffs(ours, theirs, input_ids)
+    tol = TOLERANCE[dtype].hidden_state
+    first = first_divergent_layer(diffs, tol)
+    where = "none" if first is None else ("embeddings" if first == 0 else f"layer {first}")
+    attn = attention_diffs(ours, theirs, input_ids, layer=0)
+    checks.append(Check("diagnostics (info)", True, f"first layer with max |Δ| > {tol:g}: {where}; layer 0 "
+                        + ", ".join(f"{k} {v:.2g}" for k, v in attn.items()), "—"))
+    if report is not None:
+        report(checks)  # the results first: a plot that fails to save must not take them with it
+
     fig = Figure(figsize=(7, 3))  # matplotlib's object interface: no global state, no GUI backend
     ax = fig.subplots()
     ax.plot([math.exp(s / n) for s, n in a], label="hardway")
     ax.plot([math.exp(s / n) for s, n in b], "--", label="transformers")
     ax.set_xlabel("window"); ax.set_ylabel("perplexity"); ax.set_title(f"{name}: {folder.name}, {dtype}"); ax.legend()
     fig.savefig(out / "perplexity.png", dpi=100, bbox_inches="tight")
-
-    diffs = hidden_state_diffs(ours, theirs, input_ids)
-    tol = TOLERANCE[dtype].hidden_state
-    first = first_divergent_layer(diffs, tol)
     fig = Figure(figsize=(7, 3))
     ax = fig.subplots()
     ax.semilogy([max(x, 1e-12) for x in diffs], marker="o")
     ax.set_xlabel("0 = embeddings, i = after layer i (last: after final norm)"); ax.set_ylabel("max |Δ|")
     fig.savefig(out / "hidden_states.png", dpi=100, bbox_inches="tight")
-    where = "none" if first is None else ("embeddings" if first == 0 else f"layer {first}")
-    attn = attention_diffs(ours, theirs, input_ids, layer=0)
-    checks.append(Check("diagnostics (info)", True, f"first layer with max |Δ| > {tol:g}: {where}; layer 0 "
-                        + ", ".join(f"{k} {v:.2g}" for k, v in attn.items()), "—"))
     return checks
 
 
