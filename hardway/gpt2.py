@@ -61,22 +61,25 @@ class GPT2Config:
 def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
     """x[b, t] = wte[input_ids[b, t]] + wpe[start_pos + t]: what the token is, plus where it is.
 
-    input_ids (B, T) -> x (B, T, C)."""
+    input_ids (B, T) -> x (B, T, C). `start_pos` may also be a 0-dim tensor (lesson 12's static-shape decoding),
+    whose cache checks the range."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
     B, T = input_ids.shape
     n_positions = wpe.num_embeddings
-    if start_pos < 0 or start_pos + T > n_positions:
+    if not isinstance(start_pos, torch.Tensor) and (start_pos < 0 or start_pos + T > n_positions):
         raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
                          f"n_positions={n_positions} (start_pos={start_pos}, {T} new tokens)")
-    positions = torch.arange(start_pos, start_pos + T, device=input_ids.device)  # (T,)
+    positions = start_pos + torch.arange(T, device=input_ids.device)  # (T,)
     return wte(input_ids) + wpe(positions)  # (B, T, C) + (T, C) broadcasts over B -> (B, T, C)
 
 
-def causal_mask(T: int, S: int, device=None, dtype=torch.float32) -> torch.Tensor:
+def causal_mask(T: int, S: int, device=None, dtype=torch.float32, start_pos=None) -> torch.Tensor:
     """Additive mask (T, S) for T queries that are the last T of S positions: 0 where query i may look
-    (key position <= its own position S - T + i), -inf where it may not (the future)."""
-    query_pos = torch.arange(S - T, S, device=device)[:, None]  # (T, 1)
+    (key position <= its own position S - T + i), -inf where it may not (the future). With `start_pos` (lesson 12)
+    the queries sit at start_pos + i instead, and the keys after them are slots not written yet."""
+    first = S - T if start_pos is None else start_pos
+    query_pos = (first + torch.arange(T, device=device))[:, None]  # (T, 1)
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     mask = torch.zeros(T, S, device=device, dtype=dtype)  # (T, S)
     return mask.masked_fill(key_pos > query_pos, float("-inf"))  # (T, S)
@@ -114,7 +117,10 @@ class CausalSelfAttention(nn.Module):
             # Store the new keys/values at positions start_pos.., get back all of 0..start_pos+T-1.
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # each (B, H, S, d), S = start_pos + T
         S = k.size(2)
-        mask = causal_mask(T, S, device=x.device, dtype=q.dtype) if T > 1 else None  # (T, S)
+        if isinstance(start_pos, torch.Tensor):  # lesson 12's static cache: k, v are all its slots, the later ones empty
+            mask = causal_mask(T, S, device=x.device, dtype=q.dtype, start_pos=start_pos)  # (T, S)
+        else:
+            mask = causal_mask(T, S, device=x.device, dtype=q.dtype) if T > 1 else None  # (T, S)
         y, _ = attention(q, k, v, mask)  # (B, H, T, d)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): the heads side by side again
         return self.c_proj(y)  # (B, T, C)
