@@ -189,9 +189,9 @@ def counted_step(model, max_len, backend="aot_eager"):
     return StaticDecodeStep(model, max_len=max_len, backend=counter), counter
 
 
-def assert_static_step_gives_eager_tokens(model, vocab, prompt_lengths=(1, 4, 9), new_tokens=12):
+def assert_static_step_gives_eager_tokens(model, vocab, prompt_lengths=(1, 4, 9), new_tokens=12, backend="aot_eager"):
     """Prompts of several lengths through one StaticDecodeStep: eager's tokens every time, from one compiled graph."""
-    step, counter = counted_step(model, max_len=max(prompt_lengths) + new_tokens)
+    step, counter = counted_step(model, max_len=max(prompt_lengths) + new_tokens, backend=backend)
     for T in prompt_lengths:
         ids = prompt(vocab, T=T, seed=T)
         eager = generate(model, ids, new_tokens, eos_token_id=None)
@@ -211,10 +211,12 @@ def test_static_step_is_one_graph_with_eager_tokens_on_tiny_models(tiny_models, 
 
 
 def test_static_step_is_one_graph_with_eager_tokens_on_smollm2_standin():
+    """Real weights, 30 layers: dynamo's graph run as captured ("eager"; AOTAutograd over 30 layers costs minutes)."""
     from hardway.hub import checkpoint
 
     model = load(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"))
-    assert_static_step_gives_eager_tokens(model, vocab=model.config.vocab_size, prompt_lengths=(1, 6, 13), new_tokens=8)
+    assert_static_step_gives_eager_tokens(model, vocab=model.config.vocab_size, prompt_lengths=(1, 6, 13), new_tokens=8,
+                                          backend="eager")
 
 
 def test_the_growing_cache_gives_a_new_signature_at_every_position(tiny_models):
