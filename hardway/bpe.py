@@ -9,38 +9,11 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import unicodedata
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import regex
-import requests
-
-from hardway.hub import models_dir
-
-
-TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-
-
-def shakespeare_path() -> Path:
-    """models_dir()/data/shakespeare.txt; downloaded from char-rnn once if absent (not with HF_HUB_OFFLINE=1)."""
-    path = models_dir() / "data" / "shakespeare.txt"
-    if path.exists():
-        return path
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        raise FileNotFoundError(f"{path} does not exist and HF_HUB_OFFLINE is set: put a UTF-8 text file there")
-    try:
-        response = requests.get(TINY_SHAKESPEARE_URL, timeout=(10, 60))
-        response.raise_for_status()
-    except requests.RequestException as e:
-        raise OSError(f"could not download TinyShakespeare from {TINY_SHAKESPEARE_URL} ({e}); "
-                      f"put any UTF-8 text file at {path} instead") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".incomplete")
-    partial.write_bytes(response.content)
-    os.replace(partial, path)  # the final name only ever holds a complete file
-    return path
 
 
 def merge_pair(symbols: list, pair: tuple, new_symbol) -> list:
@@ -59,6 +32,42 @@ def merge_pair(symbols: list, pair: tuple, new_symbol) -> list:
 # GPT-2's pre-tokenization pattern, exactly as in openai/gpt-2's encoder.py.
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_SPLIT = regex.compile(GPT2_SPLIT_PATTERN)
+
+
+# Code points assigned after Unicode 16.0 (the tables of tokenizers' regex engine) that `regex` knows: for
+# tokenizers they are unassigned (Cn), for `regex` letters, digits, marks, symbols. Measured in lesson 02.
+NEWER_THAN_UNICODE_16 = regex.compile(
+    r"[\u0558\u058B-\u058C\u05C8-\u05C9\u088F\u0B53-\u0B54\u0C5C\u0CDC\u1ACF-\u1AF0\u208F\u209D-\u209F"
+    r"\u20C1-\u20C4\u2B96\u2E60-\u2E63\uA7CE-\uA7CF\uA7D2\uA7D4\uA7DD\uA7E2\uA7F1\uAB6C-\uAB6D\uFBC3-\uFBD2"
+    r"\uFD90-\uFD91\uFDC8-\uFDCE\U000107BB-\U000107BF\U00010940-\U00010959\U00010EC5-\U00010EC7"
+    r"\U00010EC9-\U00010EEE\U00010EF0-\U00010EFB\U00011B0A\U00011B60-\U00011B67\U00011DB0-\U00011DDB"
+    r"\U00011DE0-\U00011DE9\U00011DF0-\U00011DF1\U0001246F\U00012475-\U0001247F\U00012550-\U00012686"
+    r"\U00016EA0-\U00016EB8\U00016EBB-\U00016ED3\U00016FF2-\U00016FF6\U000187F8-\U000187FF"
+    r"\U00018CD6-\U00018CDA\U00018D09-\U00018D20\U00018D80-\U00018DF2\U00018E00-\U00019191"
+    r"\U000191A0-\U000191D2\U0001B123-\U0001B128\U0001B168\U0001CCFA-\U0001CCFC\U0001CEBA-\U0001CED0"
+    r"\U0001CED2-\U0001CED4\U0001CEDD-\U0001CEFD\U0001D127-\U0001D128\U0001D1EB-\U0001D1FF"
+    r"\U0001D250-\U0001D281\U0001D6A6\U0001DB00-\U0001DB1C\U0001DF1F-\U0001DF24\U0001DF2B-\U0001DF81"
+    r"\U0001DF90-\U0001DF96\U0001DFCD-\U0001DFFF\U0001E6C0-\U0001E6DE\U0001E6E0-\U0001E6F5"
+    r"\U0001E6FE-\U0001E6FF\U0001F1AE\U0001F6D8-\U0001F6D9\U0001F777-\U0001F77A\U0001F7DA-\U0001F7DB"
+    r"\U0001F7F1-\U0001F7FF\U0001F8D0-\U0001F8D8\U0001FA54-\U0001FA57\U0001FA8A-\U0001FA8E\U0001FAC8"
+    r"\U0001FACC-\U0001FACD\U0001FADD\U0001FAEA-\U0001FAEB\U0001FAEF\U0001FAF9-\U0001FAFA\U0001FBFA"
+    r"\U0002B73A-\U0002B73F\U0002B81E\U0002CEA2-\U0002CEAD\U000323B0-\U00033479\U0003D000-\U0003FC3F]"
+)
+
+
+def split_as_unicode_16(text: str, split) -> list[str]:
+    """`split(text)` (a pre-tokenizer: str -> pieces that add up to the str), with every character classified as
+    a Unicode 16.0 regex engine classifies it, as in tokenizers: the split sees code points assigned after 16.0 as
+    U+FFFF (a noncharacter, unassigned in every version), and the pieces are then cut from the original text."""
+    seen = NEWER_THAN_UNICODE_16.sub("\uffff", text)  # same length as text
+    pieces = split(seen)
+    if seen == text:
+        return pieces
+    out, start = [], 0
+    for piece in pieces:
+        out.append(text[start:start + len(piece)])
+        start += len(piece)
+    return out
 
 
 def train_bpe(text: str, vocab_size: int, byte_order=None) -> tuple[list[tuple[int, int]], dict[int, bytes]]:
@@ -154,6 +163,51 @@ def unicode_to_bytes(token: str) -> bytes:
         raise ValueError(f"{token!r} is not a byte-level token: {e.args[0]!r} is not in GPT-2's byte table") from None
 
 
+def merge_table(encoder: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -> dict[tuple[int, int], tuple[int, int]]:
+    """Merges in rank order -> {(left id, right id): (rank, merged id)}. A pair listed twice keeps its later rank,
+    as in tokenizers."""
+    table = {}
+    for rank, (left, right) in enumerate(merges):
+        for token in (left, right, left + right):
+            if token not in encoder:
+                raise ValueError(f"merge {rank} ({left!r}, {right!r}) needs the token {token!r}, which is not in the "
+                                 f"vocabulary")
+        table[(encoder[left], encoder[right])] = (rank, encoder[left + right])
+    return table
+
+
+def bpe_merge(ids: list[int], merges: dict[tuple[int, int], tuple[int, int]]) -> list[int]:
+    """Merge one piece's token ids, lowest rank first (leftmost among equals), until no adjacent pair has a rank.
+    `merges` is merge_table's. A heap of candidate pairs over a linked list of symbols: O(n log n), as tokenizers."""
+    n = len(ids)
+    ids = list(ids)                # (n,) token at each position; -1 once merged into its left neighbour
+    nxt = list(range(1, n + 1))    # (n,) position of the next live symbol; n: none
+    prv = list(range(-1, n - 1))   # (n,) position of the previous live symbol; -1: none
+    # The heap holds (rank, left position) packed into one int, rank * n + position: same order, and ints compare
+    # several times faster than tuples.
+    heap = [merges[pair][0] * n + i for i, pair in enumerate(zip(ids, ids[1:])) if pair in merges]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = divmod(heapq.heappop(heap), n)
+        j = nxt[i]
+        if ids[i] < 0 or j == n:
+            continue  # stale: position i was merged away, or has no right neighbour any more
+        found = merges.get((ids[i], ids[j]))
+        if found is None or found[0] != rank:
+            continue  # stale: a neighbour changed since this entry was pushed
+        new_id = found[1]
+        ids[i], ids[j] = new_id, -1  # i takes the merged token; j leaves the list
+        k = nxt[i] = nxt[j]
+        if k < n:
+            prv[k] = i
+            if (new_id, ids[k]) in merges:
+                heapq.heappush(heap, merges[(new_id, ids[k])][0] * n + i)
+        h = prv[i]
+        if h >= 0 and (ids[h], new_id) in merges:
+            heapq.heappush(heap, merges[(ids[h], new_id)][0] * n + h)
+    return [token for token in ids if token >= 0]
+
+
 def decode_bytes(decoder: dict[int, bytes], ids) -> str:
     """Ids -> the UTF-8 text of their bytes, joined. Invalid UTF-8 (half a character) becomes U+FFFD, as in tokenizers."""
     chunks = []
@@ -163,6 +217,9 @@ def decode_bytes(decoder: dict[int, bytes], ids) -> str:
             raise ValueError(f"token id {int(i)} is not in this tokenizer's vocabulary (ids 0..{len(decoder) - 1})")
         chunks.append(token)
     return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+CACHE_MAX_CHARS = 256  # longer pieces are merged every time they occur, never cached
 
 
 class GPT2Tokenizer:
@@ -176,7 +233,7 @@ class GPT2Tokenizer:
                  special_tokens: dict[str, int] | None = None, cache_size: int = 50_000):
         self.encoder = dict(vocab)                                    # token bytes -> id
         self.decoder = {i: b for b, i in self.encoder.items()}       # id -> token bytes
-        self.ranks = {pair: rank for rank, pair in enumerate(merges)}  # (left, right) -> rank, lower merges first
+        self.merges = merge_table(self.encoder, merges)               # (left id, right id) -> (rank, merged id)
         self.special_tokens = dict(special_tokens or {})              # e.g. {"<|endoftext|>": 50256}
         for text, i in self.special_tokens.items():
             self.decoder[i] = text.encode("utf-8")
@@ -184,6 +241,7 @@ class GPT2Tokenizer:
         if missing:
             raise ValueError(f"the vocabulary lacks {len(missing)} single bytes (e.g. {missing[0]!r}): "
                              f"byte-level BPE needs all 256")
+        self.byte_ids = [self.encoder[bytes([b])] for b in range(256)]  # byte value -> its token's id
         self.cache_size = cache_size  # most pieces to remember (memory stays bounded on endless varied text)
         self.cache: dict[str, list[int]] = {}
 
@@ -213,33 +271,26 @@ class GPT2Tokenizer:
         return len(self.decoder)
 
     def _bpe(self, piece: bytes) -> list[int]:
-        """Merge the bytes of one pre-tokenized piece, lowest rank first, and return the tokens' ids."""
-        return self._merge([bytes([b]) for b in piece])  # one token per byte to start
-
-    def _merge(self, parts: list[bytes]) -> list[int]:
-        """Merge adjacent tokens, lowest rank first, until no adjacent pair has a rank; return their ids."""
-        while len(parts) > 1:
-            best = min(zip(parts, parts[1:]), key=lambda pair: self.ranks.get(pair, float("inf")))
-            if best not in self.ranks:
-                break  # no adjacent pair was ever merged in training: done
-            parts = merge_pair(parts, best, best[0] + best[1])
-        return [self.encoder[p] for p in parts]
+        """The ids of one pre-tokenized piece: its bytes, one token each, merged by bpe_merge."""
+        return bpe_merge([self.byte_ids[b] for b in piece], self.merges)
 
     def _encode_pieces(self, pieces: list[str]) -> list[int]:
-        """The ids of pre-tokenized pieces, each merged by `_bpe` once and remembered (up to cache_size pieces)."""
+        """The ids of pre-tokenized pieces, each merged by `_bpe` once and remembered: up to cache_size pieces of
+        at most CACHE_MAX_CHARS characters (as tokenizers, which caches words under 256 bytes), so one huge piece
+        never stays in memory."""
         ids = []
         for piece in pieces:
             piece_ids = self.cache.get(piece)
             if piece_ids is None:
                 piece_ids = self._bpe(piece.encode("utf-8"))
-                if len(self.cache) < self.cache_size:
+                if len(self.cache) < self.cache_size and len(piece) <= CACHE_MAX_CHARS:
                     self.cache[piece] = piece_ids
             ids.extend(piece_ids)
         return ids
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode text with no special tokens: `<|endoftext|>` in the text is plain characters."""
-        return self._encode_pieces(GPT2_SPLIT.findall(text))
+        return self._encode_pieces(split_as_unicode_16(text, GPT2_SPLIT.findall))
 
     def encode(self, text: str, allowed_special=frozenset()) -> list[int]:
         """Text -> token ids. Special tokens named in `allowed_special` (a set, or "all") become their ids;
@@ -385,10 +436,9 @@ class BPETokenizer:
                  normalizer: str | None = None, cache_size: int = 50_000):
         self.encoder = dict(vocab)                                     # token bytes -> id
         self.decoder = {i: b for b, i in self.encoder.items()}        # id -> token bytes
-        self.ranks = {pair: rank for rank, pair in enumerate(merges)}  # (left, right) -> rank, lower merges first
-        unknown = [a + b for a, b in merges if a + b not in self.encoder]
-        if unknown:
-            raise ValueError(f"{len(unknown)} merges make tokens that are not in the vocabulary, e.g. {unknown[0]!r}")
+        self.merges = merge_table(self.encoder, merges)                # (left id, right id) -> (rank, merged id)
+        # SmolLM2 has no token for 21 byte values (e.g. 0x04): with no unk_token, tokenizers drops such bytes.
+        self.byte_ids = [self.encoder.get(bytes([b])) for b in range(256)]  # byte value -> its token's id, or None
         self.splits = list(splits)              # the pre-tokenizer: regexes applied in turn (split_isolated)
         # Added tokens, matched in the text before anything else: most as typed, some after normalization.
         self.added_tokens = dict(added_tokens or {})                  # e.g. {"<|begin_of_text|>": 128000}
@@ -454,15 +504,17 @@ class BPETokenizer:
         """GPT2Tokenizer._bpe, plus two things tokenizers does: ignore_merges, and bytes with no token are dropped."""
         if self.ignore_merges and piece in self.encoder:
             return [self.encoder[piece]]  # the piece is a token as it stands: no merges needed or applied
-        # SmolLM2 has no token for 21 byte values (e.g. 0x04): with no unk_token, tokenizers drops such bytes.
-        return self._merge([bytes([b]) for b in piece if bytes([b]) in self.encoder])
+        ids = [self.byte_ids[b] for b in piece]
+        return bpe_merge([i for i in ids if i is not None], self.merges)  # bytes with no token are dropped
 
-    # The merging and the piece cache are GPT2Tokenizer's own, borrowed as they are (self.ranks, self.encoder,
-    # self.cache and self.cache_size mean the same here).
-    _merge = GPT2Tokenizer._merge
+    # The piece cache is GPT2Tokenizer's own, borrowed as it is (self.cache and self.cache_size mean the same here).
     _encode_pieces = GPT2Tokenizer._encode_pieces
 
     def pre_tokenize(self, text: str) -> list[str]:
+        """The file's pre-tokenizer: each regex in turn cuts every piece (split_isolated), Unicode 16.0 as tokenizers."""
+        return split_as_unicode_16(text, self._split)
+
+    def _split(self, text: str) -> list[str]:
         pieces = [text]
         for pattern in self.splits:
             pieces = split_isolated(pieces, pattern)

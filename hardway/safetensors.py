@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import mmap
 from pathlib import Path
 
@@ -43,7 +42,7 @@ def _check_header(header, data_size: int, where: str) -> None:
     """Raise SafetensorsError unless header describes tensors that fit, without overlap, in data_size bytes."""
     if not isinstance(header, dict):
         raise SafetensorsError(f"{where}: header is a JSON {type(header).__name__}, not a JSON object")
-    spans = []  # (begin, end, name) of every tensor that has bytes
+    spans = []  # (begin, end, name) of every tensor
     for name, info in header.items():
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
@@ -70,12 +69,32 @@ def _check_header(header, data_size: int, where: str) -> None:
                 f"{where}: tensor {name!r} data_offsets [{begin}, {end}] hold {end - begin} bytes, but shape {shape} × "
                 f"{info['dtype']} ({dtype.itemsize} bytes each) needs {'over 2**64' if nbytes is None else nbytes}"
             )
-        if end > begin:
-            spans.append((begin, end, name))
-    spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0:
-            raise SafetensorsError(f"{where}: tensors {n0!r} [{b0}, {e0}] and {n1!r} [{b1}, {e1}] overlap")
+        spans.append((begin, end, name))
+    # The tensors must tile the data: sorted by offset, each begins where the previous one ended (the first at 0),
+    # and the last ends at the end of the file. No gap, no overlap, no trailing bytes (the library's rule too).
+    position, previous = 0, None
+    for begin, end, name in sorted(spans):
+        if begin < position:
+            raise SafetensorsError(f"{where}: tensors {previous!r} (ends at {position}) and {name!r} (begins at {begin}) overlap")
+        if begin > position:
+            after = f"after {previous!r}" if previous else "at the start of the data"
+            raise SafetensorsError(f"{where}: {begin - position} unused bytes {after}, before tensor {name!r} (a gap between tensors)")
+        position, previous = end, name
+    if position != data_size:
+        raise SafetensorsError(
+            f"{where}: {data_size - position} bytes after the last tensor (the tensors cover {position} of the "
+            f"{data_size} bytes of data): a file appended to, or tampered with"
+        )
+
+
+def _no_duplicate_keys(pairs: list[tuple]) -> dict:
+    """json.loads hook: a JSON object with a repeated key is refused (json would silently keep the last one)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise SafetensorsError(f"key {key!r} appears twice in one JSON object")
+    return obj
 
 
 def _read_header(path: Path) -> tuple[dict, int]:
@@ -92,7 +111,9 @@ def _read_header(path: Path) -> tuple[dict, int]:
             raise SafetensorsError(f"{path}: header size {n} is over the {MAX_HEADER_SIZE}-byte limit")
         raw = f.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except SafetensorsError as e:
+        raise SafetensorsError(f"{path}: header is ambiguous: {e}") from None
     except UnicodeDecodeError as e:
         raise SafetensorsError(f"{path}: header is not UTF-8 ({e})") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; absurd nesting is a RecursionError

@@ -209,19 +209,71 @@ def test_bad_tensor_entries(tmp_path, header, match):
 
 
 def test_hand_built_file_with_zero_length_and_adjacent_tensors_loads(tmp_path):
-    # The counterpart of the failures above: a valid hand-built file (gaps are allowed, empty tensors take no bytes).
+    # The counterpart of the failures above: a valid hand-built file (empty tensors take no bytes, no gaps).
     header = {
         "a": entry("I16", (2,), (0, 4)),
         "empty": entry("F32", (0, 5), (4, 4)),
         "b": entry("U8", (), (4, 5)),
-        "c": entry("BOOL", (2,), (6, 8)),
+        "c": entry("BOOL", (2,), (5, 7)),
     }
-    path = write_raw(tmp_path / "ok.safetensors", header, bytes([1, 0, 255, 255, 7, 99, 1, 0]))
+    path = write_raw(tmp_path / "ok.safetensors", header, bytes([1, 0, 255, 255, 7, 1, 0]))
+    assert lib_load_file(path).keys() == header.keys()  # the library accepts it too
     tensors = load_file(path)
     assert tensors["a"].tolist() == [1, -1]
     assert tensors["empty"].shape == (0, 5) and tensors["empty"].dtype == torch.float32
     assert tensors["b"].shape == () and tensors["b"].item() == 7
     assert tensors["c"].tolist() == [True, False]
+
+
+A = '"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}'
+
+
+@pytest.mark.parametrize(
+    "raw, data, match",
+    [
+        # A repeated key: json.loads would silently keep the last one.
+        ("{" + A + ", " + A.replace("[0, 2]", "[1, 3]") + "}", b"xyz", "key 'a' appears twice"),
+        ('{"a": {"dtype": "U8", "dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}', b"xy", "key 'dtype' appears twice"),
+        ('{"__metadata__": {}, "__metadata__": {"k": "v"}, ' + A + "}", b"xy", "key '__metadata__' appears twice"),
+        # Bytes that belong to no tensor: after the last one, between two, before the first.
+        ("{" + A + "}", b"xyz", "1 bytes after the last tensor"),
+        ("{" + A + "}", bytes(1000), "998 bytes after the last tensor"),
+        ('{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "U8", "shape": [1], "data_offsets": [3, 4]}}',
+         b"wxyz", "1 unused bytes after 'a', before tensor 'b'"),
+        ('{"a": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}', b"xyz", "1 unused bytes at the start of the data, before tensor 'a'"),
+        # An empty tensor placed inside another one's bytes.
+        ("{" + A + ', "e": {"dtype": "U8", "shape": [0], "data_offsets": [1, 1]}}', b"xy", "tensors 'a' .* and 'e' .* overlap"),
+    ],
+)
+def test_files_the_library_rejects_we_reject(tmp_path, raw, data, match):
+    path = write_raw(tmp_path / "strict.safetensors", raw.encode(), data)
+    with pytest.raises(SafetensorsError, match=match):
+        load_file(path)
+    with pytest.raises(Exception, match="duplicate field|not fully covered|invalid offset"):  # the reference agrees
+        lib_load_file(path)
+
+
+@pytest.mark.parametrize("raw", [
+    "{" + A + ", " + A + "}",  # the same entry, word for word, twice
+    '{"__metadata__": {"k": "1", "k": "2"}, ' + A + "}",  # a repeated key inside __metadata__
+])
+def test_repeated_keys_the_library_lets_through_are_refused_here(tmp_path, raw):
+    # Lesson 01 says so: these cannot change what the library loads, and it accepts them; we refuse every repeat.
+    path = write_raw(tmp_path / "repeat.safetensors", raw.encode(), b"xy")
+    assert lib_load_file(path).keys() == {"a"}
+    with pytest.raises(SafetensorsError, match="appears twice"):
+        load_file(path)
+
+
+def test_a_file_appended_to_is_refused(tmp_path):
+    # What two downloads writing one file used to produce: a valid file with more bytes after it.
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(4, 4)}, path)
+    load_file(path)
+    with open(path, "ab") as f:
+        f.write(bytes(256 * 1024))
+    with pytest.raises(SafetensorsError, match="262144 bytes after the last tensor"):
+        load_file(path)
 
 
 def test_missing_file_is_a_file_not_found_error(tmp_path):
