@@ -23,12 +23,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import hardway  # noqa: E402
-from hardway.fast_decode import StaticDecodeStep, measure_bandwidth, time_interleaved  # noqa: E402
-from hardway.memory import weight_bytes  # noqa: E402
+from hardway.fast_decode import StaticDecodeStep, measure_bandwidth, roofline_tokens_per_s  # noqa: E402
+from hardway.generation import generate  # noqa: E402
 from hardway.hub import checkpoint, models_dir  # noqa: E402
-
-from hardway.verify import DTYPES  # noqa: E402  (the names the CLI accepts: float32, float16, bfloat16)
+from hardway.loading import load  # noqa: E402
+from hardway.memory import weight_bytes  # noqa: E402
+from hardway.timing import time_interleaved  # noqa: E402
+from hardway.verify import DTYPE_NAMES  # noqa: E402  (the names the CLI accepts: float32, float16, bfloat16)
 
 
 def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
@@ -48,7 +49,7 @@ def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="hub id or local folder")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
@@ -59,14 +60,14 @@ def main(argv=None) -> float:
     if args.compile and not args.device.startswith("cuda"):
         raise SystemExit("--compile is the CUDA-graphs path: use it with --device cuda")
     torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype]
+    dtype = DTYPE_NAMES[args.dtype]
 
     from transformers import AutoModelForCausalLM
 
     folder = checkpoint(args.model)
     ids = prompt_ids(folder, args.prompt_tokens).to(args.device)
     theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval()
-    ours = hardway.load(folder, device=args.device, dtype=dtype)
+    ours = load(folder, device=args.device, dtype=dtype)
     n = args.new_tokens
 
     def run_theirs():
@@ -74,7 +75,7 @@ def main(argv=None) -> float:
             return theirs.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
 
     def run_ours():
-        return hardway.generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
+        return generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
 
     fns = {"theirs": run_theirs, "ours": run_ours}
     if args.compile:  # the static-shape one-token step, one CUDA graph; its warm-up compiles and records it
@@ -90,7 +91,7 @@ def main(argv=None) -> float:
     wbytes = weight_bytes(ours)
     tps_theirs = n / statistics.median(t_theirs)
     tps_ours = n / statistics.median(t_ours)
-    roofline = bandwidth / wbytes
+    roofline = roofline_tokens_per_s(wbytes, bandwidth)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}  "
           f"load average {load}")

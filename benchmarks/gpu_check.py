@@ -48,9 +48,10 @@ from torch._dynamo.utils import counters  # noqa: E402
 
 import hardway  # noqa: E402
 from hardway.fast_decode import (StaticDecodeStep, measure_bandwidth, roofline_tokens_per_s,  # noqa: E402
-                                 sync_device, teacher_forced_agreement, time_interleaved)
+                                 teacher_forced_agreement)
 from hardway.memory import weight_bytes  # noqa: E402
-from hardway.verify import load_reference, perplexity, window_nlls  # noqa: E402
+from hardway.timing import sync_device, time_interleaved  # noqa: E402
+from hardway.verify import comparison_attention, load_reference, perplexity, window_nlls  # noqa: E402
 
 # A Llama of the same kind (GQA, tied head, llama3 RoPE scaling), small enough to run every step on a CPU in seconds.
 TINY_CONFIG = dict(standins.LLAMA_1B_CONFIG, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -59,13 +60,6 @@ TINY_CONFIG = dict(standins.LLAMA_1B_CONFIG, vocab_size=512, hidden_size=64, int
                    bos_token_id=1, eos_token_id=2, initializer_range=0.2)
 H200_TARGET_TOK_S = 1300  # compiled, bf16, batch 1, 32-token prompt, 128 new tokens
 TEACHER_FORCED_MIN_AGREEMENT = 0.95  # compiled vs eager argmax in half precision: only near-ties may flip
-
-
-def comparison_attention():
-    """One SDPA backend for both sides of a comparison: the math one (see hardway.verify)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel(SDPBackend.MATH)
 
 
 def log(message: str) -> None:

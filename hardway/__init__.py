@@ -1,22 +1,26 @@
 """hardway: LLM inference built by hand, exported from the course notebooks.
 
-    import hardway
-    model = hardway.load("openai-community/gpt2")     # hub id or local folder; device=, dtype= optional
-    out = hardway.generate(model, input_ids, max_new_tokens=50, do_sample=False)
-    logits = hardway.forward_once(model, input_ids)  # (B, T, vocab)
+    from hardway import generate, forward_once, load
+    model = load("openai-community/gpt2")           # hub id or local folder; device=, dtype= optional
+    out = generate(model, input_ids, max_new_tokens=50, do_sample=False)
+    logits = forward_once(model, input_ids)         # (B, T, vocab)
 
-This file is the only hand-written module: it re-exports the public API. Everything else in hardway/ is
-generated from notebooks/ by tools/export.py. Importing is lazy, so `import hardway` stays cheap.
+Every model `load` returns meets one contract, `hardway.CausalLM` (lesson 06): config, max_seq_len, eos_token_ids,
+new_kv_cache(batch_size, max_len=None), forward(input_ids, kv_cache=None, start_pos=0, last_only=False), and the
+diagnostics' embed, blocks, final_norm, qkv. `hardway.loading.MODEL_CLASSES` lists the architectures.
+
+This file is the only hand-written module: it re-exports the public API, each name imported on first use so that
+`import hardway` stays cheap. Everything else in hardway/ is generated from notebooks/ by tools/export.py.
 """
+import importlib
 
 _PUBLIC = {
+    "CausalLM": "hardway.loading",
     "load": "hardway.loading",
     "forward_once": "hardway.loading",
     "generate": "hardway.generation",
     "load_tokenizer": "hardway.tokenizer",
 }
-# Importing a model module registers its architecture with `load`.
-_ARCHITECTURE_MODULES = ("hardway.gpt2", "hardway.llama")
 
 __all__ = sorted(_PUBLIC)
 
@@ -24,10 +28,6 @@ __all__ = sorted(_PUBLIC)
 def __getattr__(name):
     if name not in _PUBLIC:
         raise AttributeError(f"module 'hardway' has no attribute {name!r}")
-    import importlib
-
-    for module in _ARCHITECTURE_MODULES:
-        importlib.import_module(module)
     value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value

@@ -8,21 +8,35 @@ import sys
 
 import torch
 
+from hardway.generation import generate
+from hardway.hub import checkpoint
+from hardway.loading import load
+from hardway.tokenizer import load_tokenizer
+from hardway.verify import DEFAULT_PROMPT, DTYPE_NAMES, format_report, run_ritual
 
-def _device_and_dtype(args):
+
+def _device_and_dtype(args) -> tuple[str, torch.dtype]:
+    """The device and dtype asked for, checked: a device this machine has, in a dtype it computes."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype or ("float16" if device.startswith("cuda") else "float32")
-    from hardway.verify import DTYPES
-
-    return device, DTYPES[dtype]
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: this machine has no CUDA GPU that torch can use")
+        index = torch.device(device).index or 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif kind != "cpu":
+        raise ValueError(f"--device {device}: hardway runs on cpu or cuda")
+    return device, DTYPE_NAMES[args.dtype or ("float16" if kind == "cuda" else "float32")]
 
 
 def cmd_verify(args) -> int:
-    from hardway.verify import format_report, run_ritual
-
     device, dtype = _device_and_dtype(args)
     checks = run_ritual(args.model, device=device, dtype=dtype, prompt=args.prompt, new_tokens=args.new_tokens,
-                        max_eval_tokens=args.max_eval_tokens, out_dir=args.out)
+                        max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text)
     print(format_report(checks))
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
     failed = [c.name for c in checks if not c.passed]
@@ -31,14 +45,10 @@ def cmd_verify(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    import hardway
-    from hardway.hub import checkpoint
-    from hardway.tokenizer import load_tokenizer
-
     device, dtype = _device_and_dtype(args)
     folder = checkpoint(args.model)
     tokenizer = load_tokenizer(folder)
-    model = hardway.load(folder, device=device, dtype=dtype)
+    model = load(folder, device=device, dtype=dtype)
     input_ids = torch.tensor([tokenizer.encode(args.prompt)], device=device)  # (1, T)
     new: list[int] = []
     shown = ""
@@ -53,9 +63,9 @@ def cmd_generate(args) -> int:
 
     sys.stdout.write(args.prompt); sys.stdout.flush()
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
-    hardway.generate(model, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
-                     temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
-                     generator=generator, on_token=stream)
+    generate(model, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
+             temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
+             generator=generator, on_token=stream)
     sys.stdout.write("\n")
     return 0
 
@@ -66,12 +76,14 @@ def main(argv=None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", required=True, help="hub id (downloaded into models/) or a local folder")
     common.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    common.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+    common.add_argument("--dtype", default=None, choices=sorted(DTYPE_NAMES),
                         help="default: float16 on CUDA, float32 on CPU")
     v = sub.add_parser("verify", parents=[common], help="the verification ritual against transformers")
-    v.add_argument("--prompt", default="The three most important numbers in inference engineering are")
+    v.add_argument("--prompt", default=DEFAULT_PROMPT)
     v.add_argument("--new-tokens", type=int, default=50)
     v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length (default: all on CUDA, 2048 on CPU)")
+    v.add_argument("--text", default=None, metavar="FILE",
+                   help="a local UTF-8 text file for perplexity (default: WikiText-2, or the offline stand-in)")
     v.add_argument("--out", default=None, help="folder for the plots (default: artifacts/verify in the repository)")
     g = sub.add_parser("generate", parents=[common], help="stream a continuation of a prompt")
     g.add_argument("prompt")
@@ -83,6 +95,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return cmd_verify(args) if args.command == "verify" else cmd_generate(args)
+    except torch.cuda.OutOfMemoryError as e:  # a model or a text too large for this GPU
+        first_line = str(e).splitlines()[0] if str(e) else "CUDA out of memory"
+        print(f"hardway {args.command}: error: out of GPU memory ({first_line}); try --dtype float16, a smaller "
+              f"--max-eval-tokens, or --device cpu", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as e:  # bad input, a missing or gated checkpoint: one clear line, no traceback
         print(f"hardway {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -7,12 +7,15 @@ C = n_embd, H = n_head, d = head_dim = C // H, V = vocab_size.
 """
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from hardway.errors import CheckpointError, ConfigError
 
 
 @dataclass
@@ -24,7 +27,7 @@ class GPT2Config:
     n_head: int = 12              # H: attention heads per block
     n_inner: int | None = None    # MLP hidden width; None means 4 * n_embd
     layer_norm_epsilon: float = 1e-5
-    eos_token_ids: list[int] = field(default_factory=list)  # generation stops after one of these
+    eos_token_ids: list[int] = field(default_factory=list)  # generation stops after one of these (lesson 06 fills it)
 
     @property
     def head_dim(self) -> int:  # d
@@ -48,14 +51,15 @@ class GPT2Config:
         """Build from a config.json dict (transformers' GPT2Config keys)."""
         for key, allowed, default in cls.SUPPORTED:
             if d.get(key, default) not in allowed:
-                raise ValueError(f"GPT-2 config.json: {key}={d[key]!r} is not supported (supported: {allowed})")
+                raise ConfigError(f"GPT-2 config.json: {key}={d[key]!r} is not supported (supported: {allowed})")
+        missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in d]
+        if missing:
+            raise ConfigError(f"GPT-2 config.json lacks {missing}")
         if d["n_embd"] % d["n_head"]:
-            raise ValueError(f"GPT-2 config.json: n_embd={d['n_embd']} is not divisible by n_head={d['n_head']}")
-        eos = d.get("eos_token_id")
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+            raise ConfigError(f"GPT-2 config.json: n_embd={d['n_embd']} is not divisible by n_head={d['n_head']}")
         return cls(vocab_size=d["vocab_size"], n_positions=d["n_positions"], n_embd=d["n_embd"],
                    n_layer=d["n_layer"], n_head=d["n_head"], n_inner=d.get("n_inner"),
-                   layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5), eos_token_ids=eos)
+                   layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5))
 
 
 def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
@@ -74,24 +78,28 @@ def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, 
     return wte(input_ids) + wpe(positions)  # (B, T, C) + (T, C) broadcasts over B -> (B, T, C)
 
 
-def causal_mask(T: int, S: int, device=None, dtype=torch.float32, start_pos=None) -> torch.Tensor:
-    """Additive mask (T, S) for T queries that are the last T of S positions: 0 where query i may look
-    (key position <= its own position S - T + i), -inf where it may not (the future). With `start_pos` (lesson 12)
-    the queries sit at start_pos + i instead, and the keys after them are slots not written yet."""
+def causal_mask(T: int, S: int, device=None, start_pos=None) -> torch.Tensor:
+    """Boolean mask (T, S) for T queries that are the last T of S positions: True where query i may look
+    (key position <= its own position S - T + i), False where it may not (the future). With `start_pos` (an int
+    or a 0-dim tensor, lesson 12) the queries sit at start_pos + i instead, and the keys after them are cache slots
+    not written yet.
+
+    The one causal mask of the course: GPT-2's attention below, Llama's (lesson 09) and the diagnostics (lesson 11)
+    all use it. Boolean, because that is what F.scaled_dot_product_attention takes, as transformers passes it."""
     first = S - T if start_pos is None else start_pos
     query_pos = (first + torch.arange(T, device=device))[:, None]  # (T, 1)
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
-    mask = torch.zeros(T, S, device=device, dtype=dtype)  # (T, S)
-    return mask.masked_fill(key_pos > query_pos, float("-inf"))  # (T, S)
+    return key_pos <= query_pos  # (T, S)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
     """softmax(q kᵀ / √d + mask) v, written out.
 
-    q (B, H, T, d); k, v (B, H, S, d); mask (T, S) or None -> output (B, H, T, d), weights (B, H, T, S)."""
+    q (B, H, T, d); k, v (B, H, S, d); mask (T, S) boolean (causal_mask) or None -> output (B, H, T, d),
+    weights (B, H, T, S)."""
     scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5  # (B, H, T, S)
     if mask is not None:
-        scores = scores + mask  # (B, H, T, S): -inf on the future
+        scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S): -inf on the future
     weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # (B, H, T, S): each row sums to 1
     return weights @ v, weights  # (B, H, T, d), (B, H, T, S)
 
@@ -106,21 +114,27 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # x -> [q | k | v]
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)  # concatenated heads -> residual stream
 
-    def forward(self, x: torch.Tensor, kv_cache=None, start_pos: int = 0) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor):
+        """The queries, keys and values of x (B, T, C), cut into heads: each (B, H, T, d)."""
         B, T, C = x.shape  # (B, T, C)
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # each (B, T, C)
         # Cut C into H heads of d, and move heads forward so each head is a separate (T, d) problem.
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d)
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, d)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, kv_cache=None, start_pos: int = 0) -> torch.Tensor:
+        B, T, C = x.shape  # (B, T, C)
+        q, k, v = self.qkv(x)  # each (B, H, T, d)
         if kv_cache is not None:
             # Store the new keys/values at positions start_pos.., get back all of 0..start_pos+T-1.
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # each (B, H, S, d), S = start_pos + T
         S = k.size(2)
         if isinstance(start_pos, torch.Tensor):  # lesson 12's static cache: k, v are all its slots, the later ones empty
-            mask = causal_mask(T, S, device=x.device, dtype=q.dtype, start_pos=start_pos)  # (T, S)
+            mask = causal_mask(T, S, device=x.device, start_pos=start_pos)  # (T, S)
         else:
-            mask = causal_mask(T, S, device=x.device, dtype=q.dtype) if T > 1 else None  # (T, S)
+            mask = causal_mask(T, S, device=x.device) if T > 1 else None  # (T, S)
         y, _ = attention(q, k, v, mask)  # (B, H, T, d)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): the heads side by side again
         return self.c_proj(y)  # (B, T, C)
@@ -178,7 +192,7 @@ CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
 
 
 def gpt2_state_dict(tensors: dict[str, torch.Tensor], model: "GPT") -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors renamed and laid out for `model`, or a ValueError naming what does not fit.
+    """The checkpoint's tensors renamed and laid out for `model`, or a CheckpointError naming what does not fit.
 
     Accepts the hub's spelling (`h.0.attn.c_attn.weight`, plus `h.N.attn.bias` mask buffers) and transformers'
     save_pretrained spelling (`transformer.h.0...`, maybe `lm_head.weight` tied to wte)."""
@@ -192,24 +206,20 @@ def gpt2_state_dict(tensors: dict[str, torch.Tensor], model: "GPT") -> dict[str,
             lm_head = t
             continue
         if name not in expected:
-            raise ValueError(f"unexpected tensor {file_name!r} {list(t.shape)} in the checkpoint: GPT-2 has no such weight")
+            raise CheckpointError(f"unexpected tensor {file_name!r} {list(t.shape)} in the checkpoint: GPT-2 has no such weight")
         want = expected[name].shape
         transposed = name.endswith(CONV1D_WEIGHTS)
         if transposed:
             want = want[::-1]  # compare in the file's [in, out] layout
         if t.shape != want:
-            raise ValueError(f"tensor {file_name!r} has shape {list(t.shape)}, expected {list(want)} for this config")
+            raise CheckpointError(f"tensor {file_name!r} has shape {list(t.shape)}, expected {list(want)} for this config")
         out[name] = t.T if transposed else t  # .T is a view: [in, out] -> [out, in], no copy
     missing = [name for name in expected if name not in out]
     if missing:
-        raise ValueError(f"the checkpoint is missing {len(missing)} tensor(s): {missing[:8]}")
+        raise CheckpointError(f"the checkpoint is missing {len(missing)} tensor(s): {missing[:8]}")
     if lm_head is not None and not torch.equal(lm_head, out["wte.weight"]):
-        raise ValueError("the checkpoint's lm_head.weight differs from wte.weight: GPT-2's head is tied to wte")
+        raise CheckpointError("the checkpoint's lm_head.weight differs from wte.weight: GPT-2's head is tied to wte")
     return out
-
-
-from hardway.loading import (ARCHITECTURES, decode_layout, load_tensors, read_config,  # noqa: E402
-                             read_eos_token_ids, use_decode_layout)
 
 
 class GPT(nn.Module):
@@ -222,46 +232,60 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)  # (n_positions, C) position embeddings
         self.h = nn.ModuleList(Block(config, layer_idx=i) for i in range(config.n_layer))
         self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)
-        self.max_seq_len = config.n_positions
-        self.eos_token_ids = list(config.eos_token_ids)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.n_positions
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self.config.eos_token_ids)
+
+    @property
+    def blocks(self) -> nn.ModuleList:  # the contract's name for GPT-2's `h`
+        return self.h
+
+    @property
+    def final_norm(self) -> LayerNorm:  # the contract's name for GPT-2's `ln_f`
+        return self.ln_f
+
+    def embed(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """input_ids (B, T) -> the residual stream entering block 0, (B, T, C)."""
+        return embed_tokens(self.wte, self.wpe, input_ids, start_pos)  # lesson 03
 
     def forward(self, input_ids: torch.Tensor, kv_cache=None, start_pos: int = 0,
                 last_only: bool = False) -> torch.Tensor:
         """input_ids (B, T) at positions start_pos..start_pos+T-1 -> logits (B, T, V), or (B, 1, V) with
         last_only=True: generation reads only the last position, and the head is the biggest matmul (lesson 12)."""
-        x = embed_tokens(self.wte, self.wpe, input_ids, start_pos)  # (B, T, C)
+        x = self.embed(input_ids, start_pos)  # (B, T, C)
         for block in self.h:
             x = block(x, kv_cache, start_pos)  # (B, T, C)
+        x = self.ln_f(x)  # (B, T, C): every position, then the slice, in transformers' order
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
-        x = self.ln_f(x)  # (B, T, C)
         return F.linear(x, self.wte.weight)  # (B, T, V): x @ wte.T, the tied head
+
+    def qkv(self, layer: int, x: torch.Tensor):
+        """Layer `layer`'s q, k, v, each (B, H, T, d), for the residual stream x (B, T, C) entering that block."""
+        block = self.h[layer]
+        return block.attn.qkv(block.ln_1(x))
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None):
         """An empty KVCache (lesson 08) for this model: n_layer layers, n_head heads of head_dim, our dtype/device."""
-        from hardway.kv_cache import KVCache  # imported here so lessons 03-07 work without lesson 08
-
         max_len = self.max_seq_len if max_len is None else max_len
         if max_len > self.max_seq_len:
-            raise ValueError(f"max_len={max_len} is longer than this model's n_positions={self.max_seq_len}")
+            raise ValueError(f"max_len={max_len} is longer than this model's max_seq_len={self.max_seq_len}")
+        KVCache = importlib.import_module("hardway.kv_cache").KVCache  # lesson 08's class, reached by name
         c, w = self.config, self.wte.weight
         return KVCache(c.n_layer, batch_size, max_len, c.n_head, c.head_dim, w.dtype, w.device)
 
     @classmethod
-    def from_pretrained(cls, folder, device="cpu", dtype=torch.float32) -> "GPT":
-        """GPT-2 from a checkpoint folder (config.json + safetensors), on `device` in `dtype`, in eval mode."""
-        raw = read_config(folder)
-        config = GPT2Config.from_dict(raw)
-        config.eos_token_ids = read_eos_token_ids(folder, raw)
+    def from_checkpoint(cls, checkpoint) -> "GPT":
+        """GPT-2 from a `hardway.loading.Checkpoint`: its tensors (already in their dtype, on their device) become
+        the parameters. In eval mode."""
+        config = GPT2Config.from_dict(checkpoint.config)
+        config.eos_token_ids = checkpoint.eos_token_ids
         with torch.device("meta"):
             model = cls(config)  # shapes only, no memory
-        state = gpt2_state_dict(load_tensors(folder), model)  # our names, [out, in] layout
-        state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
-        if use_decode_layout(device, dtype):  # the matrices of one-token matmuls, laid out for speed (lesson 12)
-            for name in [n for n in state if n == "wte.weight" or n.endswith(CONV1D_WEIGHTS)]:
-                state[name] = decode_layout(state[name])
-        model.load_state_dict(state, assign=True)  # the loaded tensors become the parameters
+        model.load_state_dict(gpt2_state_dict(checkpoint.tensors, model), assign=True)  # the tensors become the parameters
         return model.eval()
-
-
-ARCHITECTURES["gpt2"] = GPT.from_pretrained  # hardway.load() dispatches on config.json's model_type

@@ -10,6 +10,11 @@ class KVCacheFullError(ValueError):
     """Writing past the end of a KVCache: the message names the capacity and the positions asked for."""
 
 
+def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Memory one position of one sequence costs: 2 (a key and a value) x layers x KV heads x head_dim x bytes."""
+    return 2 * n_layers * n_kv_heads * head_dim * dtype.itemsize
+
+
 class KVCache:
     """Keys and values of every layer for positions [0, max_len), so each decode step computes only the new token.
 
@@ -51,8 +56,8 @@ class KVCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """Memory one position costs, over all layers and the whole batch: 2 (k and v) x layers x heads x head_dim x bytes x B."""
-        return 2 * self.n_layers * self.batch_size * self.n_kv_heads * self.head_dim * self.k.element_size()
+        """Memory one position costs, over all layers and the whole batch."""
+        return self.batch_size * kv_cache_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.k.dtype)
 
     @property
     def nbytes(self) -> int:

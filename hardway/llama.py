@@ -13,12 +13,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.loading import (ARCHITECTURES, decode_layout, load_tensors, read_config,  # lesson 06
-                             read_eos_token_ids, use_decode_layout)
-
-
-class ConfigError(ValueError):
-    """config.json describes something this module does not implement (or is malformed); the message says what."""
+from hardway.errors import CheckpointError, ConfigError  # lesson 03: the errors every model raises
+from hardway.gpt2 import causal_mask  # lesson 04: the one causal mask
+from hardway.kv_cache import KVCache  # lesson 08
+from hardway.loading import Checkpoint  # lesson 06
 
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -44,7 +42,7 @@ class ModelConfig:
     mlp_bias: bool = False
     model_type: str = "llama"
     bos_token_id: int | None = None
-    eos_token_id: list[int] = field(default_factory=list)
+    eos_token_ids: list[int] = field(default_factory=list)  # generation stops after one of these (from the checkpoint)
     dtype: str | None = None       # the precision the checkpoint is stored in ("bfloat16", ...)
 
     @classmethod
@@ -78,7 +76,6 @@ class ModelConfig:
                             "original_max_position_embeddings": int(rope.get("original_max_position_embeddings",
                                                                              d["max_position_embeddings"]))}
 
-        eos = d.get("eos_token_id")
         n_heads = d["num_attention_heads"]
         qwen2 = model_type == "qwen2"
         attention_bias = True if qwen2 else bool(d.get("attention_bias", False))
@@ -94,17 +91,8 @@ class ModelConfig:
             attention_bias=attention_bias, o_proj_bias=False if qwen2 else attention_bias,
             mlp_bias=False if qwen2 else bool(d.get("mlp_bias", False)),
             model_type=model_type, bos_token_id=d.get("bos_token_id"),
-            eos_token_id=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
             dtype=d.get("dtype") or d.get("torch_dtype"),
         )
-
-    @classmethod
-    def from_folder(cls, folder) -> "ModelConfig":
-        """config.json, with eos_token_id from generation_config.json when that file sets it (as generate does)."""
-        d = read_config(folder)
-        config = cls.from_dict(d)
-        config.eos_token_id = read_eos_token_ids(folder, d)  # lesson 06
-        return config
 
 
 class RMSNorm(nn.Module):
@@ -178,12 +166,12 @@ def causal_attention(q, k, v, start_pos=None):
 
     Calls F.scaled_dot_product_attention with the arguments transformers uses, so the result is bit-identical.
     With `start_pos`, a 0-dim tensor (lesson 12's static cache), k and v are every slot of the cache and the queries
-    sit at start_pos.. : a mask hides the slots after them."""
+    sit at start_pos.. : the mask hides the slots after them."""
     T, S = q.shape[2], k.shape[2]
     scale = q.shape[-1] ** -0.5
     gqa = q.shape[1] != k.shape[1]
     if start_pos is not None:  # query t sees slots [0, start_pos + t]
-        mask = (start_pos + torch.arange(T, device=q.device))[:, None] >= torch.arange(S, device=q.device)  # (T, S)
+        mask = causal_mask(T, S, device=q.device, start_pos=start_pos)  # (T, S)
         n_rep = q.shape[1] // k.shape[1]
         return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask, scale=scale)
     if T == S:    # the whole sequence at once: the standard causal triangle
@@ -191,14 +179,15 @@ def causal_attention(q, k, v, start_pos=None):
     if T == 1:    # one new token: it may attend to every position in the cache
         return F.scaled_dot_product_attention(q, k, v, is_causal=False, scale=scale, enable_gqa=gqa)
     # T new tokens after S - T cached ones: query t sees positions [0, S - T + t]
-    mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)  # (T, S)
+    mask = causal_mask(T, S, device=q.device)  # (T, S), True where allowed
     n_rep = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask, scale=scale)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx  # which slot of a KV cache is ours, as in GPT-2's attention
         C, d = config.hidden_size, config.head_dim
         self.n_head, self.n_kv_head, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
         if self.n_head % self.n_kv_head:
@@ -208,14 +197,19 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(C, self.n_kv_head * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.n_head * d, C, bias=config.o_proj_bias)
 
-    def forward(self, x, cos, sin, kv_cache=None, layer_idx=0, start_pos=0):  # x: (B, T, C); cos, sin: (T, d)
+    def qkv(self, x, cos, sin):  # x: (B, T, C); cos, sin: (T, d)
+        """The rotated queries (B, n_head, T, d) and keys (B, n_kv_head, T, d), and the values (B, n_kv_head, T, d)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, n_head, T, d)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # positions enter here, and only here
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v  # positions enter here, and only here
+
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=0):  # x: (B, T, C); cos, sin: (T, d)
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
         if kv_cache is not None:  # store the new keys/values, attend over everything cached so far
-            k, v = kv_cache.update(layer_idx, start_pos, k, v)  # (B, n_kv_head, start_pos + T, d)
+            k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, start_pos + T, d)
         y = causal_attention(q, k, v, start_pos if isinstance(start_pos, torch.Tensor) else None)  # (B, n_head, T, d)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, n_head * d)
         return self.o_proj(y)  # (B, T, C)
@@ -236,15 +230,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, kv_cache=None, layer_idx=0, start_pos=0):  # x: (B, T, C)
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, layer_idx, start_pos)
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=0):  # x: (B, T, C)
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, start_pos)
         x = x + self.mlp(self.mlp_norm(x))
         return x  # (B, T, C)
 
@@ -255,22 +249,11 @@ class Llama(nn.Module):
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.hidden_size)
         self.rope = RotaryEmbedding(config)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.blocks = nn.ModuleList(Block(config, layer_idx=i) for i in range(config.num_hidden_layers))
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # one Parameter, used twice
-
-    @classmethod
-    def from_pretrained(cls, folder, device="cpu", dtype=torch.float32) -> "Llama":
-        """A Llama (or Qwen2) from a folder with config.json and safetensors weights, cast to `dtype` on `device`.
-
-        load_tensors (lesson 06) reads model.safetensors or the shards of model.safetensors.index.json;
-        load_weights, defined below where the lesson explains it, checks them and makes them the parameters."""
-        config = ModelConfig.from_folder(folder)
-        with torch.device("meta"):  # shapes only: allocate nothing until the real weights arrive
-            model = cls(config)
-        return load_weights(model, load_tensors(folder), device, dtype).eval()
 
     @property
     def max_seq_len(self) -> int:
@@ -278,37 +261,54 @@ class Llama(nn.Module):
 
     @property
     def eos_token_ids(self) -> list[int]:
-        return list(self.config.eos_token_id)
+        return list(self.config.eos_token_ids)
 
-    def new_kv_cache(self, batch_size: int, max_len: int):
-        from hardway.kv_cache import KVCache  # lesson 08
-
-        if max_len > self.max_seq_len:
-            raise ValueError(f"max_len {max_len} exceeds the model's max_seq_len {self.max_seq_len}")
-        w = self.tok_emb.weight
-        return KVCache(self.config.num_hidden_layers, batch_size, max_len, self.config.num_key_value_heads,
-                       self.config.head_dim, dtype=w.dtype, device=w.device)
+    def embed(self, input_ids, start_pos: int = 0):
+        """input_ids (B, T) -> the residual stream entering block 0, (B, T, C). (Positions enter later, in RoPE.)"""
+        return self.tok_emb(input_ids)
 
     def forward(self, input_ids, kv_cache=None, start_pos: int = 0, last_only: bool = False):  # input_ids: (B, T)
         B, T = input_ids.shape
         if not isinstance(start_pos, torch.Tensor):  # a position tensor (lesson 12) is checked by its cache
-            if start_pos + T > self.max_seq_len:
-                raise ValueError(f"positions up to {start_pos + T} exceed max_seq_len {self.max_seq_len}")
+            if start_pos < 0 or start_pos + T > self.max_seq_len:
+                raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
+                                 f"max_seq_len={self.max_seq_len} (start_pos={start_pos}, {T} new tokens)")
             if start_pos and kv_cache is None:
                 raise ValueError("start_pos > 0 needs the kv_cache holding the earlier positions")
-        x = self.tok_emb(input_ids)  # (B, T, C)
-        positions = start_pos + torch.arange(T, device=input_ids.device)  # (T,)
-        cos, sin = self.rope(positions, x.dtype)  # each (T, head_dim)
-        for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, kv_cache, i, start_pos)  # (B, T, C)
+        x = self.embed(input_ids)  # (B, T, C)
+        cos, sin = self.rope(start_pos + torch.arange(T, device=input_ids.device), x.dtype)  # (T, d) each
+        for block in self.blocks:
+            x = block(x, cos, sin, kv_cache, start_pos)  # (B, T, C)
+        x = self.final_norm(x)  # every position, then the slice: transformers' order, so the rounding is the same
         if last_only:  # generation reads only the last position: skip the head's biggest matmul (lesson 12)
             x = x[:, -1:, :]  # (B, 1, C)
-        x = self.final_norm(x)
         return self.lm_head(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
 
+    def qkv(self, layer: int, x):
+        """Layer `layer`'s rotated q (B, n_head, T, d), k and v (B, n_kv_head, T, d), for the residual stream x
+        (B, T, C) entering that block at positions 0..T-1."""
+        block = self.blocks[layer]
+        cos, sin = self.rope(torch.arange(x.shape[1], device=x.device), x.dtype)  # (T, d) each
+        return block.attn.qkv(block.attn_norm(x), cos, sin)
 
-class CheckpointError(ValueError):
-    """The checkpoint's tensors do not fit the config: missing, unexpected or wrongly shaped (the name is given)."""
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty KVCache (lesson 08): one slot per layer, num_key_value_heads heads of head_dim, our dtype/device."""
+        max_len = self.max_seq_len if max_len is None else max_len
+        if max_len > self.max_seq_len:
+            raise ValueError(f"max_len={max_len} is longer than this model's max_seq_len={self.max_seq_len}")
+        c, w = self.config, self.tok_emb.weight
+        return KVCache(c.num_hidden_layers, batch_size, max_len, c.num_key_value_heads, c.head_dim, w.dtype, w.device)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "Llama":
+        """A Llama (or Qwen2) from a `Checkpoint` (lesson 06): config, EOS ids, and tensors already in their dtype
+        on their device. `load_weights`, defined below where the lesson explains it, checks the tensors and makes
+        them the parameters."""
+        config = ModelConfig.from_dict(checkpoint.config)
+        config.eos_token_ids = checkpoint.eos_token_ids
+        with torch.device("meta"):  # shapes only: allocate nothing until the real weights arrive
+            model = cls(config)
+        return load_weights(model, checkpoint.tensors).eval()
 
 
 def hub_to_hardway_names(config: ModelConfig) -> dict[str, str]:
@@ -330,7 +330,7 @@ def hub_to_hardway_names(config: ModelConfig) -> dict[str, str]:
     return names
 
 
-def load_weights(model: Llama, tensors: dict[str, torch.Tensor], device="cpu", dtype=torch.float32) -> Llama:
+def load_weights(model: Llama, tensors: dict[str, torch.Tensor]) -> Llama:
     """Check `tensors` (hub names) against the model's config, then make them the model's parameters."""
     names = hub_to_hardway_names(model.config)
     ignorable = {"lm_head.weight"} if model.config.tie_word_embeddings else set()  # some tied files still carry it
@@ -347,18 +347,12 @@ def load_weights(model: Llama, tensors: dict[str, torch.Tensor], device="cpu", d
         if tuple(tensors[hub_name].shape) != expected:
             raise CheckpointError(f"{hub_name}: the checkpoint has shape {tuple(tensors[hub_name].shape)}, "
                                   f"the config implies {expected}")
-        state[our_name] = tensors[hub_name].to(device=device, dtype=dtype)
-        if state[our_name].dim() == 2 and use_decode_layout(device, dtype):  # faster one-token matmuls (lesson 12)
-            state[our_name] = decode_layout(state[our_name])
+        state[our_name] = tensors[hub_name]
     if model.config.tie_word_embeddings:
         state["lm_head.weight"] = state["tok_emb.weight"]
     model.load_state_dict(state, strict=True, assign=True)  # assign: take these tensors, copy nothing
     if model.config.tie_word_embeddings:
         model.lm_head.weight = model.tok_emb.weight  # assign gave each name its own Parameter: tie them again
-    model.rope = RotaryEmbedding(model.config, device=device)  # the meta skeleton had no frequencies: compute them
+    # the meta skeleton had no frequencies: compute them, in fp32, where the weights are
+    model.rope = RotaryEmbedding(model.config, device=model.tok_emb.weight.device)
     return model
-
-
-# hardway.load() dispatches on config.json's model_type; Qwen2 is this architecture with q/k/v biases
-ARCHITECTURES["llama"] = Llama.from_pretrained
-ARCHITECTURES["qwen2"] = Llama.from_pretrained

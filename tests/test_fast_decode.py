@@ -18,15 +18,14 @@ import torch
 from transformers import GPT2Config as HFGPT2Config
 from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-import hardway.gpt2  # noqa: F401  (registers the architectures)
-import hardway.llama  # noqa: F401
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from hardway.fast_decode import (StaticDecodeStep, StaticKVCache, measure_bandwidth, roofline_tokens_per_s,
-                                 teacher_forced_agreement, time_interleaved)
-from hardway.memory import weight_bytes
+from hardway.fast_decode import (HUGE_PAGE, StaticDecodeStep, StaticKVCache, decode_layout, empty_on_huge_pages,
+                                 measure_bandwidth, roofline_tokens_per_s, teacher_forced_agreement)
 from hardway.generation import generate
-from hardway.loading import HUGE_PAGE, decode_layout, empty_on_huge_pages, load
+from hardway.loading import load
+from hardway.memory import weight_bytes
+from hardway.timing import time_interleaved
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +92,7 @@ def test_cpu_fp32_loaders_store_matrices_along_their_longer_side(tiny_models, na
         assert model.lm_head.weight is model.tok_emb.weight  # still tied: one tensor, read once
         matrices = [p for p in model.parameters() if p.dim() == 2]
     else:
-        matrices = [model.wte.weight] + [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
+        matrices = [p for p in model.parameters() if p.dim() == 2]  # the blocks' projections, wte (the head) and wpe
     assert matrices and all(laid_out_for_decode(p) for p in matrices)
     assert any(p.stride()[0] == 1 for p in matrices) and any(p.stride()[1] == 1 for p in matrices)  # both kinds occur
     assert load(folder, dtype=torch.bfloat16).parameters().__next__().is_contiguous()  # bf16 keeps the file's layout
@@ -329,3 +328,22 @@ def test_llama_1b_standin_config_has_llama_3_2_1bs_parameter_count():
         ours = Llama(ModelConfig.from_dict(cfg))
     assert theirs.num_parameters() == 1_235_814_400
     assert sum(p.numel() for p in ours.parameters()) == 1_235_814_400
+
+
+def test_eos_read_every_few_steps_gives_the_same_tokens(tiny_models):
+    """generate asks "has every row finished?" on the host only every `eos_check_every` steps (8 on CUDA: the question
+    waits for the GPU) and cuts the steps that ran after; the output must not depend on how often it asks."""
+    folder, reference = tiny_models["gpt2"]
+    model = load(folder)
+    ids = prompt(100, B=2, T=5, seed=5)
+    free_running = generate(model, ids, 30, eos_token_id=None)  # (2, 35)
+    for eos in ([int(free_running[0, 8]), int(free_running[1, 16])],  # both rows stop, at different steps
+                [int(free_running[0, 8])]):  # maybe only one row stops
+        expected = generate(model, ids, 30, eos_token_id=eos, eos_check_every=1)  # ask at every step
+        with torch.inference_mode():
+            theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False,
+                                        eos_token_id=eos, pad_token_id=eos[0])
+        assert torch.equal(expected, theirs)
+        for every in (2, 3, 8, 64):
+            assert torch.equal(generate(model, ids, 30, eos_token_id=eos, eos_check_every=every), expected), (eos, every)
+    assert generate(model, ids, 30, eos_token_id=[int(free_running[0, 8]), int(free_running[1, 16])]).shape[1] < 35

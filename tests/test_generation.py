@@ -14,7 +14,6 @@ PROMPT_2 = [7454, 2402, 257, 640, 612, 373, 257, 1310, 2576, 508]  # "Once upon 
 
 @pytest.fixture(scope="module")
 def ours():
-    import hardway.gpt2  # noqa: F401  (registers "gpt2" with hardway.loading)
     from hardway.loading import load
 
     return load(GPT2)  # fp32
@@ -197,7 +196,7 @@ class TinyLM(torch.nn.Module):
     def new_kv_cache(self, batch_size, max_len):
         return KVCache(1, batch_size, max_len, self.n_head, self.head_dim)
 
-    def forward(self, input_ids, kv_cache=None, start_pos=0):
+    def forward(self, input_ids, kv_cache=None, start_pos=0, last_only=False):
         B, T = input_ids.shape
         x = self.wte[input_ids] + self.wpe[start_pos:start_pos + T]  # (B, T, d)
         q, k, v = (x @ self.qkv).split(x.shape[-1], dim=-1)  # 3 x (B, T, d)
@@ -205,7 +204,8 @@ class TinyLM(torch.nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(0, start_pos, k, v)  # (B, H, start_pos + T, hd)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # (B, H, T, hd)
-        return (x + y.transpose(1, 2).reshape(B, T, -1)) @ self.wte.T  # (B, T, V)
+        x = x + y.transpose(1, 2).reshape(B, T, -1)  # (B, T, d)
+        return (x[:, -1:] if last_only else x) @ self.wte.T  # (B, T or 1, V)
 
 
 def test_tiny_model_fills_the_context_exactly_and_one_more_is_an_error():

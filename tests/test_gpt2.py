@@ -10,10 +10,10 @@ from safetensors.torch import save_file as st_save_file
 from transformers import GPT2Config as HFGPT2Config
 from transformers import GPT2LMHeadModel
 
-import hardway.gpt2  # noqa: F401  (registers "gpt2" with hardway.loading)
+from hardway.errors import CheckpointError, ConfigError
 from hardway.gpt2 import GPT, GPT2Config, gelu_tanh
 from hardway.hub import checkpoint
-from hardway.loading import ARCHITECTURES, forward_once, load
+from hardway.loading import MODEL_CLASSES, forward_once, load, resolve
 
 TOL = 1e-4  # fp32 max |Δ logits| target from the course brief
 
@@ -47,8 +47,8 @@ def copy_checkpoint(folder, dest, edit=None, config_edit=None):
     return dest
 
 
-def test_registered():
-    assert ARCHITECTURES["gpt2"] == GPT.from_pretrained
+def test_the_model_table_names_gpt():
+    assert resolve(MODEL_CLASSES["gpt2"]) is GPT
 
 
 def test_standin_logits_match_transformers():
@@ -114,7 +114,7 @@ def test_lm_head_weight_in_file_is_accepted_when_tied(tiny, tmp_path):
     def add_untied_head(t):
         t["lm_head.weight"] = t["transformer.wte.weight"] + 1.0
 
-    with pytest.raises(ValueError, match="lm_head.weight"):
+    with pytest.raises(CheckpointError, match="lm_head.weight"):
         load(copy_checkpoint(folder, tmp_path / "untied", add_untied_head))
 
 
@@ -161,8 +161,9 @@ def test_new_kv_cache_matches_the_model(tiny):
     model = load(tiny[0])
     cache = model.new_kv_cache(3, 10)
     assert tuple(cache.k.shape) == (2, 3, 4, 10, 16) and cache.k.dtype == torch.float32
-    with pytest.raises(ValueError, match="n_positions"):
+    with pytest.raises(ValueError, match="max_seq_len=32"):
         model.new_kv_cache(1, 33)
+    assert model.new_kv_cache(1).max_len == model.max_seq_len == 32  # max_len defaults to the whole context
 
 
 def test_context_overflow_is_a_clear_error(tiny):
@@ -176,7 +177,7 @@ def test_context_overflow_is_a_clear_error(tiny):
 
 def test_unknown_model_type(tiny, tmp_path):
     folder = copy_checkpoint(tiny[0], tmp_path / "bert", config_edit=lambda cfg: cfg.update(model_type="bert"))
-    with pytest.raises(ValueError, match=r"'bert'.*supported.*'gpt2'"):
+    with pytest.raises(ConfigError, match=r"'bert'.*supported.*'gpt2'"):
         load(folder)
 
 
@@ -188,7 +189,7 @@ def test_missing_config_json(tmp_path):
 
 def test_unsupported_config_setting(tiny, tmp_path):
     folder = copy_checkpoint(tiny[0], tmp_path / "relu", config_edit=lambda cfg: cfg.update(activation_function="relu"))
-    with pytest.raises(ValueError, match="activation_function"):
+    with pytest.raises(ConfigError, match="activation_function"):
         load(folder)
 
 
@@ -196,12 +197,12 @@ def test_wrong_shape_names_the_tensor(tiny, tmp_path):
     def shrink(t):
         t["transformer.h.1.mlp.c_fc.weight"] = torch.zeros(64, 200)
 
-    with pytest.raises(ValueError, match=r"transformer\.h\.1\.mlp\.c_fc\.weight.*\[64, 200\].*\[64, 256\]"):
+    with pytest.raises(CheckpointError, match=r"transformer\.h\.1\.mlp\.c_fc\.weight.*\[64, 200\].*\[64, 256\]"):
         load(copy_checkpoint(tiny[0], tmp_path / "shape", shrink))
 
 
 def test_missing_tensor_is_named(tiny, tmp_path):
-    with pytest.raises(ValueError, match=r"missing.*h\.0\.ln_2\.bias"):
+    with pytest.raises(CheckpointError, match=r"missing.*h\.0\.ln_2\.bias"):
         load(copy_checkpoint(tiny[0], tmp_path / "missing", lambda t: t.pop("transformer.h.0.ln_2.bias")))
 
 
@@ -209,7 +210,7 @@ def test_unexpected_tensor_is_named(tiny, tmp_path):
     def extra(t):
         t["transformer.h.0.attn.rotary_emb.inv_freq"] = torch.zeros(8)
 
-    with pytest.raises(ValueError, match=r"unexpected.*rotary_emb\.inv_freq"):
+    with pytest.raises(CheckpointError, match=r"unexpected.*rotary_emb\.inv_freq"):
         load(copy_checkpoint(tiny[0], tmp_path / "extra", extra))
 
 

@@ -17,8 +17,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qw
 
 from hardway.generation import generate
 from hardway.hub import checkpoint
-from hardway.loading import load
-from hardway.llama import CheckpointError, ConfigError, Llama, ModelConfig, hub_to_hardway_names, rope_inv_freq
+from hardway.errors import CheckpointError, ConfigError
+from hardway.loading import eos_token_list, load, read_checkpoint
+from hardway.llama import Llama, ModelConfig, hub_to_hardway_names, rope_inv_freq
+
+def config_of(folder) -> ModelConfig:
+    return ModelConfig.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+
 
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
@@ -81,7 +86,7 @@ LOGIT_CASES = [(case, "single") for case in CASES] + [
 @pytest.mark.parametrize("case, save", LOGIT_CASES)
 def test_logits_match_transformers_fp32(case, save, tmp_path):
     folder = make_checkpoint(case, save, tmp_path)
-    hf, model = reference(folder), Llama.from_pretrained(folder, "cpu", torch.float32)
+    hf, model = reference(folder), load(folder, "cpu", torch.float32)
     ids = torch.randint(0, TINY["vocab_size"], (2, 48), generator=torch.Generator().manual_seed(1))  # (B, T)
     with torch.inference_mode():
         delta = (model(ids) - hf(ids).logits).abs().max().item()
@@ -92,7 +97,7 @@ def test_logits_match_transformers_fp32(case, save, tmp_path):
 @pytest.mark.parametrize("case", CASES)
 def test_20_greedy_tokens_match_transformers(case, tmp_path):
     folder = make_checkpoint(case, "single", tmp_path)
-    hf, model = reference(folder), Llama.from_pretrained(folder)
+    hf, model = reference(folder), load(folder)
     ids = torch.randint(0, TINY["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         ours = generate(model, ids, max_new_tokens=20, eos_token_id=None)
@@ -104,7 +109,7 @@ def test_20_greedy_tokens_match_transformers(case, tmp_path):
 @pytest.mark.parametrize("case", ["llama", "qwen2-tied"])
 def test_cache_paths_agree_with_the_full_forward(case, tmp_path):
     """Prefill + one-token steps, and a chunked prefill (T > 1 at start_pos > 0), give the full forward's logits."""
-    model = Llama.from_pretrained(make_checkpoint(case, "single", tmp_path))
+    model = load(make_checkpoint(case, "single", tmp_path))
     ids = torch.randint(0, TINY["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         full = model(ids)  # (B, 20, vocab)
@@ -125,8 +130,8 @@ def test_hardway_load_dispatches_llama_and_qwen2(case, tmp_path):
 
 def test_llama3_scaling_changes_the_frequencies_and_matches_transformers(tmp_path):
     folder = make_checkpoint("llama3-rope-tied", "single", tmp_path)
-    model, hf = Llama.from_pretrained(folder), reference(folder)
-    plain = ModelConfig.from_folder(folder)
+    model, hf = load(folder), reference(folder)
+    plain = config_of(folder)
     plain.rope_scaling = None
     assert not torch.equal(model.rope.inv_freq, rope_inv_freq(plain))  # the test config makes scaling bite
     assert torch.equal(model.rope.inv_freq, hf.model.rotary_emb.inv_freq)  # bit-equal to transformers'
@@ -143,20 +148,30 @@ def test_config_spellings_and_defaults():
     a, b = ModelConfig.from_dict(hub), ModelConfig.from_dict(ours_5)
     assert a == b
     assert a.rope_theta == 5e5 and a.rope_scaling["rope_type"] == "llama3" and a.dtype == "bfloat16"
-    assert a.head_dim == 16 and a.eos_token_id == [5, 6]
+    assert a.head_dim == 16
     qwen = ModelConfig.from_dict({**hub, "model_type": "qwen2", "rope_scaling": None, "eos_token_id": 7})
-    assert qwen.attention_bias and not qwen.o_proj_bias and qwen.rope_scaling is None and qwen.eos_token_id == [7]
+    assert qwen.attention_bias and not qwen.o_proj_bias and qwen.rope_scaling is None
+
+
+def test_eos_ids_are_one_list_whatever_the_file_writes():
+    assert eos_token_list(None) == [] and eos_token_list(7) == [7] and eos_token_list([5, 6]) == [5, 6]
+
+
+def test_eos_from_config_json_without_generation_config(tmp_path):
+    folder = make_checkpoint("llama", "single", tmp_path)
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    assert read_checkpoint(folder).eos_token_ids == [2] == load(folder).eos_token_ids
 
 
 def test_eos_from_generation_config_like_transformers(tmp_path):
     folder = make_checkpoint("llama", "single", tmp_path)
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 9]}))
-    assert Llama.from_pretrained(folder).eos_token_ids == reference(folder).generation_config.eos_token_id == [2, 9]
+    assert load(folder).eos_token_ids == reference(folder).generation_config.eos_token_id == [2, 9]
 
 
 def test_tied_head_is_the_embedding_and_dtype_is_applied(tmp_path):
     folder = make_checkpoint("llama3-rope-tied", "single", tmp_path)
-    model = Llama.from_pretrained(folder, dtype=torch.bfloat16)
+    model = load(folder, dtype=torch.bfloat16)
     assert model.lm_head.weight is model.tok_emb.weight
     assert model.lm_head.weight.data_ptr() == model.tok_emb.weight.data_ptr()
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -164,7 +179,7 @@ def test_tied_head_is_the_embedding_and_dtype_is_applied(tmp_path):
     assert model.max_seq_len == TINY["max_position_embeddings"] and model.eos_token_ids == [2]
     cache = model.new_kv_cache(1, 10)
     assert cache.k.dtype == torch.bfloat16 and cache.k.shape == (2, 1, 2, 10, 16)
-    untied = Llama.from_pretrained(make_checkpoint("llama", "single", tmp_path / "untied"))
+    untied = load(make_checkpoint("llama", "single", tmp_path / "untied"))
     assert untied.lm_head.weight is not untied.tok_emb.weight
 
 
@@ -172,7 +187,7 @@ def test_weight_name_map_covers_the_transformers_state_dict(tmp_path):
     for case, (config_cls, model_cls, extra) in CASES.items():
         folder = make_checkpoint(case, "single", tmp_path / case)
         on_disk = set(st_load(folder / "model.safetensors"))
-        assert set(hub_to_hardway_names(ModelConfig.from_folder(folder))) == on_disk, case
+        assert set(hub_to_hardway_names(config_of(folder))) == on_disk, case
 
 
 def _rewrite(folder, edit):
@@ -185,21 +200,21 @@ def test_shape_mismatch_names_the_tensor(tmp_path):
     folder = make_checkpoint("llama", "single", tmp_path)
     _rewrite(folder, lambda t: t.update({"model.layers.1.self_attn.k_proj.weight": torch.zeros(48, 64)}))
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight.*\(48, 64\).*\(32, 64\)"):
-        Llama.from_pretrained(folder)
+        load(folder)
 
 
 def test_missing_tensor_is_named(tmp_path):
     folder = make_checkpoint("llama", "single", tmp_path)
     _rewrite(folder, lambda t: t.pop("model.layers.0.mlp.up_proj.weight"))
     with pytest.raises(CheckpointError, match=r"missing.*model\.layers\.0\.mlp\.up_proj\.weight"):
-        Llama.from_pretrained(folder)
+        load(folder)
 
 
 def test_unexpected_tensor_is_named(tmp_path):
     folder = make_checkpoint("llama", "single", tmp_path)
     _rewrite(folder, lambda t: t.update({"model.layers.0.self_attn.q_norm.weight": torch.ones(16)}))
     with pytest.raises(CheckpointError, match=r"unexpected.*model\.layers\.0\.self_attn\.q_norm\.weight"):
-        Llama.from_pretrained(folder)
+        load(folder)
 
 
 @pytest.mark.parametrize("change, problem", [
@@ -215,7 +230,7 @@ def test_unsupported_configs_are_refused_clearly(change, problem, tmp_path):
         cfg.pop("rope_parameters")
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=problem):
-        Llama.from_pretrained(folder)
+        load(folder)
 
 
 # --- SmolLM2-135M-Instruct, real weights (offline stand-in) ---------------------------------------------------------
@@ -232,7 +247,7 @@ def smollm2():
 
 def test_smollm2_fp32_logits_match_transformers(smollm2):
     folder, ids = smollm2
-    model, hf = Llama.from_pretrained(folder, dtype=torch.float32), reference(folder, torch.float32)
+    model, hf = load(folder, dtype=torch.float32), reference(folder, torch.float32)
     with torch.inference_mode():
         delta = (model(ids) - hf(ids).logits).abs().max().item()
     print(f"SmolLM2-135M fp32: max |Δ logits| = {delta:.3g}")
@@ -241,7 +256,7 @@ def test_smollm2_fp32_logits_match_transformers(smollm2):
 
 def test_smollm2_bf16_50_greedy_tokens_match_transformers(smollm2):
     folder, ids = smollm2
-    model, hf = Llama.from_pretrained(folder, dtype=torch.bfloat16), reference(folder, torch.bfloat16)
+    model, hf = load(folder, dtype=torch.bfloat16), reference(folder, torch.bfloat16)
     assert hf.dtype == torch.bfloat16
     with torch.inference_mode():
         theirs = hf_greedy(hf, ids, 50, eos=False)  # exactly 50 new tokens

@@ -8,22 +8,25 @@ from pathlib import Path
 import pytest
 import torch
 
-import hardway
 import hardway.llama as llama_module
 from hardway import cli
+from hardway.generation import generate
 from hardway.hub import checkpoint
+from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
-from hardway.verify import (Check, check_greedy, check_logits, check_perplexity, first_divergent_layer,
-                            hidden_state_diffs, load_reference, perplexity, window_nlls)
+from hardway.verify import (DEFAULT_PROMPT, TOLERANCE, Check, attention_diffs, check_greedy, check_logits,
+                            check_perplexity, comparison_attention, eval_text, first_divergent_layer,
+                            hidden_state_diffs, load_reference, perplexity, reference_logits, window_nlls)
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GPT2 = "openai-community/gpt2"
 HARDWAY_EXE = Path(sys.executable).with_name("hardway")
 
 
 @pytest.fixture(scope="module")
 def pair():
     folder = checkpoint(SMOLLM2)
-    return hardway.load(folder), load_reference(folder), load_tokenizer(folder)
+    return load(folder), load_reference(folder), load_tokenizer(folder)
 
 
 def test_the_command_passes_all_three_checks_on_the_standin(tmp_path):
@@ -37,26 +40,102 @@ def test_the_command_passes_all_three_checks_on_the_standin(tmp_path):
     assert (tmp_path / "perplexity.png").stat().st_size > 0 and (tmp_path / "hidden_states.png").stat().st_size > 0
 
 
-def test_fp32_targets_are_far_tighter_than_the_seed(pair):
+def test_gpt2_standin_passes_the_command_with_a_local_text_file(tmp_path):
+    # GPT-2, the course's first model, end to end through the real command; perplexity on a user's own UTF-8 file.
+    corpus = tmp_path / "my corpus.txt"
+    corpus.write_text("Ceci n'est pas une pipe. « Guillemets », naïve café, 東京. " * 40, encoding="utf-8")
+    result = subprocess.run([str(HARDWAY_EXE), "verify", "--model", str(checkpoint(GPT2)), "--device", "cpu",
+                             "--new-tokens", "20", "--text", str(corpus), "--out", str(tmp_path / "plots")],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("greedy tokens       PASS    20 of 20 tokens identical", "last-token logits   PASS",
+                 "perplexity          PASS", "of my corpus.txt", "diagnostics (info)  PASS    first layer with max "
+                 "|Δ| > 0.001: none"):
+        assert line in result.stdout, result.stdout
+    assert (tmp_path / "plots" / "hidden_states.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("content, problem", [(None, "no such file"), (b"\xff\xfe\x00bad", "not UTF-8"),
+                                              (b"  \n", "empty")])
+def test_a_bad_text_file_is_one_clear_line_before_any_model_loads(tmp_path, capsys, monkeypatch, content, problem):
+    path = tmp_path / "text.txt"
+    if content is not None:
+        path.write_bytes(content)
+    monkeypatch.setattr("hardway.verify.load", lambda *a, **k: pytest.fail("loaded a model for a bad --text"))
+    assert cli.main(["verify", "--model", str(checkpoint(GPT2)), "--device", "cpu", "--text", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hardway verify: error: --text") and problem in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_eval_text_reads_a_local_utf8_file(tmp_path):
+    (tmp_path / "t.txt").write_text("naïve — 東京\n", encoding="utf-8")
+    assert eval_text(tmp_path / "t.txt") == ("t.txt", "naïve — 東京\n")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_asking_for_cuda_without_a_gpu_is_one_clear_line(capsys):
+    assert cli.main(["generate", "--model", str(checkpoint(GPT2)), "--device", "cuda", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hardway generate: error: --device cuda") and "no CUDA GPU" in err
+
+
+def test_a_bad_device_name_is_one_clear_line(capsys):
+    assert cli.main(["generate", "--model", str(checkpoint(GPT2)), "--device", "gpu0", "hi"]) == 2
+    assert "is not a device name" in capsys.readouterr().err
+
+
+def test_diagnostics_work_through_the_contract_on_gpt2():
+    folder = checkpoint(GPT2)
+    ours, theirs, tok = load(folder), load_reference(folder), load_tokenizer(folder)
+    ids = torch.tensor([tok.encode("Hello, my name is John and I")])
+    diffs = hidden_state_diffs(ours, theirs, ids)
+    assert len(diffs) == ours.config.n_layer + 1 and max(diffs) <= TOLERANCE[torch.float32].hidden_state
+    attn = attention_diffs(ours, theirs, ids, layer=3)
+    assert set(attn) == {"q", "k", "v", "attention probabilities"} and max(attn.values()) <= 1e-4, attn
+    assert theirs.config._attn_implementation == "sdpa"  # the reference is switched back
+
+
+def test_fp32_targets_are_far_tighter_than_the_half_precision_ones(pair):
     ours, theirs, tok = pair
-    ids = torch.tensor([tok.encode("The three most important numbers in inference engineering are")])
+    ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
     assert check_logits(ours, theirs, ids, torch.float32)[1] <= 1e-4
     text = (Path(checkpoint(SMOLLM2)).parent.parent / "data" / "shakespeare.txt").read_text(encoding="utf-8")
     check, a, b = check_perplexity(ours, theirs, torch.tensor(tok.encode(text[:6000])), window=256, stride=128)
     assert abs(perplexity(a) - perplexity(b)) / perplexity(b) <= 1e-4, check.measured
 
 
+def test_half_precision_logits_are_held_to_transformers_own_distance_from_fp32(pair):
+    """bf16: ours may be no further from transformers' fp32 logits than transformers' bf16 logits are. Our model
+    passes; the same model with its final norm 1% off (the logits 1% larger) fails."""
+    tok = pair[2]
+    folder = checkpoint(SMOLLM2)
+    ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
+    reference = reference_logits(folder, ids)  # (1, vocab) fp32
+    ours, theirs = load(folder, dtype=torch.bfloat16), load_reference(folder, dtype=torch.bfloat16)
+    with comparison_attention():
+        check, _ = check_logits(ours, theirs, ids, torch.bfloat16, reference)
+        assert check.passed and "hardway" in check.measured and "transformers" in check.measured, check.measured
+        with torch.no_grad():
+            ours.final_norm.weight.mul_(1.01)
+        broken, _ = check_logits(ours, theirs, ids, torch.bfloat16, reference)
+    assert not broken.passed, broken.measured
+
+
 def test_a_broken_model_fails_the_ritual_and_the_diagnostics_name_the_layer(pair, monkeypatch):
     ours, theirs, tok = pair
-    ids = torch.tensor([tok.encode("The three most important numbers in inference engineering are")])
+    ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
 
     def interleaved(x):  # the wrong RoPE pairing for these weights
         return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
+    assert max(attention_diffs(ours, theirs, ids, layer=0).values()) <= 1e-4  # q, k, v and probabilities agree
     monkeypatch.setattr(llama_module, "rotate_half", interleaved)
     assert not check_logits(ours, theirs, ids, torch.float32)[0].passed
     assert not check_greedy(ours, theirs, ids, max_new_tokens=10)[0].passed
     assert first_divergent_layer(hidden_state_diffs(ours, theirs, ids), 1e-3) == 1  # the first attention layer
+    broken = attention_diffs(ours, theirs, ids, layer=0)
+    assert broken["q"] > 1e-2 and broken["k"] > 1e-2 and broken["v"] <= 1e-4, broken  # RoPE: q and k, not v
 
 
 def test_window_nlls_score_every_token_once():
@@ -84,7 +163,7 @@ def test_generate_streams_the_greedy_text(pair, capsys):
     ours, _, tok = pair
     prompt = "The capital of France is"
     assert cli.main(["generate", "--model", str(checkpoint(SMOLLM2)), "--device", "cpu", "--max-new-tokens", "12", prompt]) == 0
-    expected = hardway.generate(ours, torch.tensor([tok.encode(prompt)]), max_new_tokens=12)
+    expected = generate(ours, torch.tensor([tok.encode(prompt)]), max_new_tokens=12)
     streamed = capsys.readouterr().out
     assert streamed.endswith(tok.decode(expected[0, len(tok.encode(prompt)):].tolist()) + "\n")
     assert streamed.startswith(prompt)
@@ -94,3 +173,20 @@ def test_bad_model_argument_is_one_clear_line(capsys):
     assert cli.main(["generate", "--model", "not a repo id!", "--device", "cpu", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hardway generate: error:") and "not a hub repo id" in err and "Traceback" not in err
+
+
+def test_the_ritual_and_its_diagnostics_on_qwen2(tmp_path):
+    # Qwen2 (q/k/v biases) through the same functions: nothing in verify knows which architecture it looks at.
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 bos_token_id=1, eos_token_id=2)).save_pretrained(tmp_path)
+    ours, theirs = load(tmp_path), load_reference(tmp_path)
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    assert check_logits(ours, theirs, ids, torch.float32)[0].passed
+    assert check_greedy(ours, theirs, ids, max_new_tokens=10)[0].passed
+    assert check_perplexity(ours, theirs, torch.randint(0, 128, (200,)), window=32, stride=16)[0].passed
+    assert first_divergent_layer(hidden_state_diffs(ours, theirs, ids), 1e-3) is None
+    assert max(attention_diffs(ours, theirs, ids, layer=1).values()) <= 1e-4

@@ -1,0 +1,156 @@
+"""Every architecture hardway loads meets the model contract of lesson 06 (hardway.loading.CausalLM).
+
+Each model is loaded through `hardway.loading.load` in a fresh interpreter, so nothing imported by another test (or
+by this one) can have prepared the ground: `load` must find the class through MODEL_CLASSES on its own. The child
+checks the members' presence, their signatures and what they do, and prints one JSON line that the test reads.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from hardway.hub import checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs in the child. Prints {"ok": true, ...facts} or raises (a traceback on stderr, a non-zero exit).
+CHILD = r'''
+import inspect, json, sys
+import torch
+
+from hardway.loading import MODEL_CLASSES, CausalLM, load
+
+folder = sys.argv[1]
+before = set(sys.modules)
+model = load(folder)
+assert isinstance(model, CausalLM), [m for m in ("config", "max_seq_len", "eos_token_ids", "new_kv_cache", "forward",
+                                     "embed", "blocks", "final_norm", "qkv", "from_checkpoint") if not hasattr(model, m)]
+
+def params(fn):
+    return [(p.name, p.default) for p in list(inspect.signature(fn).parameters.values())]
+
+assert params(model.forward) == [("input_ids", inspect.Parameter.empty), ("kv_cache", None), ("start_pos", 0),
+                                 ("last_only", False)], params(model.forward)
+assert params(model.new_kv_cache) == [("batch_size", inspect.Parameter.empty), ("max_len", None)], params(model.new_kv_cache)
+assert params(model.embed) == [("input_ids", inspect.Parameter.empty), ("start_pos", 0)], params(model.embed)
+assert [n for n, _ in params(model.qkv)] == ["layer", "x"]
+assert isinstance(model.max_seq_len, int) and model.max_seq_len > 0
+assert isinstance(model.eos_token_ids, list) and all(isinstance(i, int) for i in model.eos_token_ids)
+assert not model.training
+
+V = model(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
+ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(0))
+with torch.inference_mode():
+    full = model(ids)  # (2, 9, V)
+    assert full.shape == (2, 9, V)
+    last = model(ids, last_only=True)
+    assert last.shape == (2, 1, V) and torch.allclose(last[:, 0], full[:, -1], atol=1e-5, rtol=0)
+
+    cache = model.new_kv_cache(2)  # max_len defaults to max_seq_len
+    assert cache.max_len == model.max_seq_len and cache.batch_size == 2
+    cache = model.new_kv_cache(2, 12)
+    steps = [model(ids[:, :5], kv_cache=cache, start_pos=0)]
+    steps += [model(ids[:, p:p + 1], kv_cache=cache, start_pos=p) for p in range(5, 9)]
+    cached = torch.cat(steps, dim=1)
+    cached_delta = (cached - full).abs().max().item()
+
+    # The diagnostics' view: embed -> blocks -> final_norm is the forward pass, and qkv is layer 0's attention input.
+    x = model.embed(ids)  # (2, 9, C)
+    hidden = []
+    hooks = [b.register_forward_hook(lambda m, i, o: hidden.append(o)) for b in model.blocks]
+    norm = []
+    hooks.append(model.final_norm.register_forward_hook(lambda m, i, o: norm.append(o)))
+    entering = []
+    hooks.append(model.blocks[0].register_forward_pre_hook(lambda m, a: entering.append(a[0])))
+    model(ids)
+    for h in hooks:
+        h.remove()
+    assert torch.equal(entering[0], x), "embed() is not what enters the first block"
+    assert len(hidden) == len(model.blocks) and norm[0].shape == x.shape
+    q, k, v = model.qkv(0, x)
+    assert q.shape[0] == 2 and q.shape[2] == 9 and k.shape == v.shape and q.shape[-1] == k.shape[-1]
+    assert q.shape[1] % k.shape[1] == 0  # grouped-query attention: whole groups
+
+    for bad in (dict(max_len=model.max_seq_len + 1),):
+        try:
+            model.new_kv_cache(1, **bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("new_kv_cache accepted a max_len above max_seq_len")
+    try:
+        model(torch.zeros(1, model.max_seq_len + 1, dtype=torch.long))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("forward accepted more positions than max_seq_len")
+
+print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model).__name__}",
+                  "table": MODEL_CLASSES, "cached_delta": cached_delta,
+                  "imported_model_modules": sorted(m for m in set(sys.modules) - before
+                                                   if m in ("hardway.gpt2", "hardway.llama"))}))
+'''
+
+TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+
+
+def tiny_checkpoint(kind: str, folder: Path) -> Path:
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_layer=2, n_head=4, n_embd=64, n_positions=64,
+                                           bos_token_id=1, eos_token_id=2))
+    elif kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                             num_key_value_heads=2, **TINY))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                             num_key_value_heads=2, **TINY))
+    model.save_pretrained(folder)
+    return folder
+
+
+CASES = {  # name -> (how to get the folder, the class load must pick)
+    "gpt2-tiny": (lambda tmp: tiny_checkpoint("gpt2", tmp / "gpt2"), "hardway.gpt2.GPT"),
+    "llama-tiny": (lambda tmp: tiny_checkpoint("llama", tmp / "llama"), "hardway.llama.Llama"),
+    "qwen2-tiny": (lambda tmp: tiny_checkpoint("qwen2", tmp / "qwen2"), "hardway.llama.Llama"),
+    "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.gpt2.GPT"),
+    "smollm2-standin": (lambda tmp: checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"), "hardway.llama.Llama"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_path):
+    make_folder, expected_class = CASES[case]
+    folder = make_folder(tmp_path)
+    result = subprocess.run([sys.executable, "-c", CHILD, str(folder)], capture_output=True, text=True, cwd=ROOT,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts["class"] == expected_class
+    assert facts["cached_delta"] <= 1e-4, facts  # the cached path computes the same logits
+    # load imported the model module this checkpoint needs (Llama's imports GPT-2's for the causal mask), no other
+    module = expected_class.rsplit(".", 1)[0]
+    assert module in facts["imported_model_modules"], facts
+    assert ("hardway.llama" in facts["imported_model_modules"]) == (module == "hardway.llama"), facts
+
+
+def test_the_model_table_is_explicit_and_lazy():
+    result = subprocess.run([sys.executable, "-c", "import sys, json; from hardway.loading import MODEL_CLASSES; "
+                             "print(json.dumps([MODEL_CLASSES, sorted(m for m in sys.modules if m.startswith('hardway'))]))"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    table, imported = json.loads(result.stdout)
+    assert table == {"gpt2": "hardway.gpt2:GPT", "llama": "hardway.llama:Llama", "qwen2": "hardway.llama:Llama"}
+    assert not {"hardway.gpt2", "hardway.llama", "hardway.fast_decode", "hardway.kv_cache"} & set(imported), imported
+
+
+def test_no_module_imports_hardway_as_a_whole():
+    offenders = [f"{p.name}:{i}" for p in (ROOT / "hardway").glob("*.py")
+                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                 if line.strip() == "import hardway"]
+    assert not offenders, offenders
