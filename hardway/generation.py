@@ -20,7 +20,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
              repetition_penalty: float | None = None, eos_token_id=_MODEL_EOS,
              generator: torch.Generator | None = None, use_cache: bool = True,
              on_token: Callable[[torch.Tensor], None] | None = None,
-             decode_step: Callable | None = None, kv_cache=None) -> torch.Tensor:
+             decode_step: Callable | None = None, kv_cache=None, eos_check_every: int | None = None) -> torch.Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
     Decoding follows transformers' generate: the last position's logits, cast to fp32, go through the processors
@@ -31,6 +31,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     `on_token(next_ids (B,))` is called after each step, e.g. to stream text. `decode_step(ids (B, 1), cache,
     start_pos) -> logits (B, 1, V)` replaces the model for the one-token steps (lesson 12 passes a compiled one);
     `kv_cache` reuses a preallocated KVCache (batch B, room for T + max_new_tokens) instead of allocating one.
+    `eos_check_every`: steps between two host reads of "every row finished" (default: 1 on CPU or with on_token, 8
+    otherwise); the steps run after the rows finished are cut, so the result does not depend on it.
 
     Nothing grows with the sequence: the output ids live in one buffer allocated up front, the cache is
     preallocated, and the model computes the head on the last position only (`last_only=True`).
@@ -61,6 +63,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=input_ids.device)  # (B, T + new): all ids
     out[:, :T] = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # (B,)
+    if eos_check_every is None:  # reading `finished` on the host waits for the GPU: not every step there
+        eos_check_every = 1 if input_ids.device.type == "cpu" or on_token is not None else 8
     if use_cache:
         cache = model.new_kv_cache(B, T + max_new_tokens) if kv_cache is None else kv_cache
         if cache.batch_size != B or cache.max_len < T + max_new_tokens:
@@ -84,10 +88,14 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
         n += 1
         if on_token is not None:
             on_token(next_ids)
-        if step == max_new_tokens - 1 or (eos and finished.all()):
+        if step == max_new_tokens - 1 or (eos and (step + 1) % eos_check_every == 0 and finished.all()):
             break  # no forward pass for a token nobody will read
         if use_cache:
             logits = step_fn(out[:, n - 1:n], kv_cache=cache, start_pos=n - 1)  # (B, 1, V)
         else:
             logits = model(out[:, :n])  # (B, n, V): the whole sequence again
+    if eos and eos_check_every > 1:  # cut the steps that ran after every row had finished: all EOS padding
+        is_eos = torch.isin(out[:, T:n], eos_ids)  # (B, n - T)
+        if is_eos.any(dim=1).all():  # every row finished: the loop would have stopped after the last one's EOS
+            n = T + int(is_eos.int().argmax(dim=1).max()) + 1  # argmax: each row's first EOS
     return out[:, :n]

@@ -69,16 +69,17 @@ class GPT2Config:
 def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
     """x[b, t] = wte[input_ids[b, t]] + wpe[start_pos + t]: what the token is, plus where it is.
 
-    input_ids (B, T) -> x (B, T, C)."""
+    input_ids (B, T) -> x (B, T, C). `start_pos` may also be a 0-dim tensor (lesson 12's static-shape decoding),
+    whose cache checks the range."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
     check_token_ids(input_ids, wte)
     B, T = input_ids.shape
     n_positions = wpe.num_embeddings
-    if start_pos < 0 or start_pos + T > n_positions:
+    if not isinstance(start_pos, torch.Tensor) and (start_pos < 0 or start_pos + T > n_positions):
         raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
                          f"n_positions={n_positions} (start_pos={start_pos}, {T} new tokens)")
-    positions = torch.arange(start_pos, start_pos + T, device=input_ids.device)  # (T,)
+    positions = start_pos + torch.arange(T, device=input_ids.device)  # (T,)
     return wte(input_ids) + wpe(positions)  # (B, T, C) + (T, C) broadcasts over B -> (B, T, C)
 
 
@@ -97,13 +98,16 @@ def check_token_ids(input_ids: torch.Tensor, table: nn.Embedding) -> None:
                          f"{table.num_embeddings - 1} ({len(bad)} id(s) out of range)")
 
 
-def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
+def causal_mask(T: int, S: int, device=None, start_pos=None) -> torch.Tensor:
     """Boolean mask (T, S) for T queries that are the last T of S positions: True where query i may look
-    (key position <= its own position S - T + i), False where it may not (the future).
+    (key position <= its own position S - T + i), False where it may not (the future). With `start_pos` (an int
+    or a 0-dim tensor, lesson 12) the queries sit at start_pos + i instead, and the keys after them are cache slots
+    not written yet.
 
     The one causal mask of the course: GPT-2's attention below, Llama's (lesson 09) and the diagnostics (lesson 11)
     all use it. Boolean, because that is what F.scaled_dot_product_attention takes, as transformers passes it."""
-    query_pos = torch.arange(S - T, S, device=device)[:, None]  # (T, 1)
+    first = S - T if start_pos is None else start_pos
+    query_pos = (first + torch.arange(T, device=device))[:, None]  # (T, 1)
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     return key_pos <= query_pos  # (T, S)
 
@@ -147,7 +151,10 @@ class CausalSelfAttention(nn.Module):
             # Store the new keys/values at positions start_pos.., get back all of 0..start_pos+T-1.
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # each (B, H, S, d), S = start_pos + T
         S = k.size(2)
-        mask = causal_mask(T, S, device=x.device) if T > 1 else None  # (T, S)
+        if isinstance(start_pos, torch.Tensor):  # lesson 12's static cache: k, v are all its slots, the later ones empty
+            mask = causal_mask(T, S, device=x.device, start_pos=start_pos)  # (T, S)
+        else:
+            mask = causal_mask(T, S, device=x.device) if T > 1 else None  # (T, S)
         y, _ = attention(q, k, v, mask)  # (B, H, T, d)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): the heads side by side again
         return self.c_proj(y)  # (B, T, C)
@@ -273,9 +280,9 @@ class GPT(nn.Module):
         x = self.embed(input_ids, start_pos)  # (B, T, C)
         for block in self.h:
             x = block(x, kv_cache, start_pos)  # (B, T, C)
+        x = self.ln_f(x)  # (B, T, C): every position, then the slice, in transformers' order
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
-        x = self.ln_f(x)  # (B, T, C)
         return F.linear(x, self.wte.weight)  # (B, T, V): x @ wte.T, the tied head
 
     def qkv(self, layer: int, x: torch.Tensor):

@@ -182,13 +182,19 @@ def repeat_kv(x, n_rep: int):
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
-def causal_attention(q, k, v):
+def causal_attention(q, k, v, start_pos=None):
     """q: (B, n_head, T, d); k, v: (B, n_kv_head, S, d) where the T queries are the last T of S positions.
 
-    Calls F.scaled_dot_product_attention with the arguments transformers uses, so the result is bit-identical."""
+    Calls F.scaled_dot_product_attention with the arguments transformers uses, so the result is bit-identical.
+    With `start_pos`, a 0-dim tensor (lesson 12's static cache), k and v are every slot of the cache and the queries
+    sit at start_pos.. : the mask hides the slots after them."""
     T, S = q.shape[2], k.shape[2]
     scale = q.shape[-1] ** -0.5
     gqa = q.shape[1] != k.shape[1]
+    if start_pos is not None:  # query t sees slots [0, start_pos + t]
+        mask = causal_mask(T, S, device=q.device, start_pos=start_pos)  # (T, S)
+        n_rep = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask, scale=scale)
     if T == S:    # the whole sequence at once: the standard causal triangle
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if T == 1:    # one new token: it may attend to every position in the cache
@@ -225,7 +231,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, cos, sin)
         if kv_cache is not None:  # store the new keys/values, attend over everything cached so far
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, start_pos + T, d)
-        y = causal_attention(q, k, v)  # (B, n_head, T, d)
+        y = causal_attention(q, k, v, start_pos if isinstance(start_pos, torch.Tensor) else None)  # (B, n_head, T, d)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, n_head * d)
         return self.o_proj(y)  # (B, T, C)
 
@@ -285,18 +291,19 @@ class Llama(nn.Module):
 
     def forward(self, input_ids, kv_cache=None, start_pos: int = 0, last_only: bool = False):  # input_ids: (B, T)
         B, T = input_ids.shape
-        if start_pos < 0 or start_pos + T > self.max_seq_len:
-            raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
-                             f"max_seq_len={self.max_seq_len} (start_pos={start_pos}, {T} new tokens)")
-        if start_pos and kv_cache is None:
-            raise ValueError("start_pos > 0 needs the kv_cache holding the earlier positions")
+        if not isinstance(start_pos, torch.Tensor):  # a position tensor (lesson 12) is checked by its cache
+            if start_pos < 0 or start_pos + T > self.max_seq_len:
+                raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
+                                 f"max_seq_len={self.max_seq_len} (start_pos={start_pos}, {T} new tokens)")
+            if start_pos and kv_cache is None:
+                raise ValueError("start_pos > 0 needs the kv_cache holding the earlier positions")
         x = self.embed(input_ids)  # (B, T, C)
-        cos, sin = self.rope(torch.arange(start_pos, start_pos + T, device=input_ids.device), x.dtype)  # (T, d) each
+        cos, sin = self.rope(start_pos + torch.arange(T, device=input_ids.device), x.dtype)  # (T, d) each
         for block in self.blocks:
             x = block(x, cos, sin, kv_cache, start_pos)  # (B, T, C)
+        x = self.final_norm(x)  # every position, then the slice: transformers' order, so the rounding is the same
         if last_only:  # generation reads only the last position: skip the head's biggest matmul (lesson 12)
             x = x[:, -1:, :]  # (B, 1, C)
-        x = self.final_norm(x)
         return self.lm_head(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
 
     def qkv(self, layer: int, x):

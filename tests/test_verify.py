@@ -15,8 +15,8 @@ from hardway.hub import checkpoint, shakespeare_path
 from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
 from hardway.verify import (DEFAULT_PROMPT, TOLERANCE, Check, attention_diffs, check_greedy, check_logits,
-                            check_perplexity, eval_text, first_divergent_layer, hidden_state_diffs, load_reference,
-                            perplexity, window_nlls)
+                            check_perplexity, comparison_attention, eval_text, first_divergent_layer,
+                            hidden_state_diffs, load_reference, perplexity, reference_logits, window_nlls)
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GPT2 = "openai-community/gpt2"
@@ -103,6 +103,23 @@ def test_fp32_targets_are_far_tighter_than_the_half_precision_ones(pair):
     text = shakespeare_path().read_text(encoding="utf-8")
     check, a, b = check_perplexity(ours, theirs, torch.tensor(tok.encode(text[:6000])), window=256, stride=128)
     assert abs(perplexity(a) - perplexity(b)) / perplexity(b) <= 1e-4, check.measured
+
+
+def test_half_precision_logits_are_held_to_transformers_own_distance_from_fp32(pair):
+    """bf16: ours may be no further from transformers' fp32 logits than transformers' bf16 logits are. Our model
+    passes; the same model with its final norm 1% off (the logits 1% larger) fails."""
+    tok = pair[2]
+    folder = checkpoint(SMOLLM2)
+    ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
+    reference = reference_logits(folder, ids)  # (1, vocab) fp32
+    ours, theirs = load(folder, dtype=torch.bfloat16), load_reference(folder, dtype=torch.bfloat16)
+    with comparison_attention():
+        check, _ = check_logits(ours, theirs, ids, torch.bfloat16, reference)
+        assert check.passed and "hardway" in check.measured and "transformers" in check.measured, check.measured
+        with torch.no_grad():
+            ours.final_norm.weight.mul_(1.01)
+        broken, _ = check_logits(ours, theirs, ids, torch.bfloat16, reference)
+    assert not broken.passed, broken.measured
 
 
 def test_a_broken_model_fails_the_ritual_and_the_diagnostics_name_the_layer(pair, monkeypatch):
