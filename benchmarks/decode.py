@@ -26,10 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hardway.fast_decode import StaticDecodeStep, measure_bandwidth, roofline_tokens_per_s  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
-from hardway.loading import load  # noqa: E402
+from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
 from hardway.memory import weight_bytes  # noqa: E402
 from hardway.timing import time_interleaved  # noqa: E402
-from hardway.verify import DTYPE_NAMES  # noqa: E402  (the names the CLI accepts: float32, float16, bfloat16)
 
 
 def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
@@ -91,9 +90,9 @@ def main(argv=None) -> float:
     tps_theirs = n / statistics.median(t_theirs)
     tps_ours = n / statistics.median(t_ours)
     roofline = roofline_tokens_per_s(wbytes, bandwidth)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    loadavg = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}  "
-          f"load average {load}")
+          f"load average {loadavg}")
     print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up; "
           f"tokens {'identical' if same else 'DIFFERENT'}")
     print(f"weights {wbytes / 1e6:.1f} MB; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s; roofline {roofline:.1f} tok/s")
