@@ -5,13 +5,12 @@ decoding speed against batch size."""
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-from hardway.fast_decode import sync_device  # lesson 12
 from hardway.generation import generate  # lesson 08
 from hardway.gpt2 import positions_and_mask  # lesson 04
+from hardway.timing import timed  # lesson 10
 
 
 def left_pad(token_lists, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,11 +78,7 @@ def decode_step_seconds(model, batch_size: int, prompt_len: int = 16, new_tokens
                         generator=torch.Generator().manual_seed(0)).to(device)  # (B, prompt_len)
 
     def run(n: int) -> float:
-        sync_device(device)
-        t0 = time.perf_counter()
-        generate(model, ids, n, eos_token_id=None)
-        sync_device(device)
-        return time.perf_counter() - t0
+        return timed(lambda: generate(model, ids, n, eos_token_id=None), device)[0]  # lesson 10's timer
 
     run(2)  # warm-up: first-touch of the cache, allocator, kernel choice
     steps = [(run(new_tokens) - run(1)) / (new_tokens - 1) for _ in range(reps)]
