@@ -14,35 +14,17 @@ Markdown, ready for the README.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.batching import decode_step_seconds  # noqa: E402
-from hardway.fast_decode import measure_bandwidth, sync_device  # noqa: E402
-from hardway.loading import load  # noqa: E402
+from hardway.batching import decode_step_seconds, matmul_flops  # noqa: E402
+from hardway.fast_decode import measure_bandwidth  # noqa: E402
 from hardway.memory import weight_bytes as count_weight_bytes  # noqa: E402
-from hardway.verify import DTYPE_NAMES  # noqa: E402  (the names the CLI accepts: float32, float16, bfloat16)
-
-
-def matmul_flops(device, dtype, n: int = 2048, reps: int = 5) -> float:
-    """FLOP/s of an n x n x n matmul, median of `reps` after a warm-up: what the arithmetic units deliver."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-
-    def once() -> float:
-        sync_device(device)
-        t0 = time.perf_counter()
-        a @ b
-        sync_device(device)
-        return time.perf_counter() - t0
-
-    return 2 * n**3 / statistics.median(once() for _ in range(reps))
+from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
 
 
 def main(argv=None) -> int:

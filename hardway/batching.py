@@ -85,6 +85,14 @@ def decode_step_seconds(model, batch_size: int, prompt_len: int = 16, new_tokens
     return statistics.median(steps)
 
 
+def matmul_flops(device="cpu", dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5) -> float:
+    """FLOP/s of an n x n x n matmul (2·n³ FLOPs), median of `reps` after a warm-up: what the arithmetic units deliver,
+    the roofline's other roof."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)  # (n, n)
+    a @ b  # warm-up
+    return 2 * n**3 / statistics.median(timed(lambda: a @ b, device)[0] for _ in range(reps))
+
+
 # Exercise checks for lesson 13's batching part: each returns one line, "not attempted yet", "right: ..." or "wrong: ...".
 CHECK_TOKEN_LISTS = [[[5, 6, 7], [8]], [[1, 2], [3, 4]], [[9]], [[4, 4, 4, 4], [7, 7], [1, 2, 3]]]
 
