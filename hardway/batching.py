@@ -68,17 +68,22 @@ def batch_invariance(model, token_lists, batch_sizes=(2, 4), new_tokens: int = 8
 
 
 @torch.inference_mode()
-def decode_step_seconds(model, batch_size: int, prompt_len: int = 16, new_tokens: int = 16, reps: int = 3) -> float:
+def decode_step_seconds(model, batch_size: int, prompt_len: int = 16, new_tokens: int = 16, reps: int = 3,
+                        generate_n=None) -> float:
     """Median seconds of one decode step for `batch_size` rows: (time of new_tokens tokens - time of 1) / (new_tokens
-    - 1), so the prefill cancels. Random prompt ids, no EOS, one warm-up run first."""
+    - 1), so the prefill cancels. Random prompt ids, no EOS, one warm-up run first. `generate_n(ids, n)` makes exactly
+    n new tokens (default: our generate; benchmarks/batch.py passes transformers' to time it the same way)."""
     if new_tokens < 2:
         raise ValueError(f"new_tokens must be at least 2 to time a decode step, got {new_tokens}")
     device = next(model.parameters()).device
     ids = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len),
                         generator=torch.Generator().manual_seed(0)).to(device)  # (B, prompt_len)
+    if generate_n is None:
+        def generate_n(ids, n):
+            return generate(model, ids, n, eos_token_id=None)
 
     def run(n: int) -> float:
-        return timed(lambda: generate(model, ids, n, eos_token_id=None), device)[0]  # lesson 10's timer
+        return timed(lambda: generate_n(ids, n), device)[0]  # lesson 10's timer
 
     run(2)  # warm-up: first-touch of the cache, allocator, kernel choice
     steps = [(run(new_tokens) - run(1)) / (new_tokens - 1) for _ in range(reps)]
