@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hardway.bpe import BPETokenizer, GPT2Tokenizer  # noqa: E402
-from hardway.hub import checkpoint, models_dir  # noqa: E402
+from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
 
 
 def median_seconds(fn, reps: int, before=None) -> float:
@@ -71,7 +71,7 @@ def main(argv=None) -> dict[tuple[str, str], float]:
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
 
-    book = (models_dir() / "data" / "shakespeare.txt").read_text(encoding="utf-8")[: args.chars]
+    book = shakespeare_path().read_text(encoding="utf-8")[: args.chars]
     inputs = {
         f"Shakespeare {len(book):,} chars, cold": book,
         f"Shakespeare {len(book):,} chars, warm": book,

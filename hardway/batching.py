@@ -5,13 +5,12 @@ decoding speed against batch size."""
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-from hardway.fast_decode import sync_device  # lesson 12
 from hardway.generation import generate  # lesson 08
 from hardway.gpt2 import positions_and_mask  # lesson 04
+from hardway.timing import timed  # lesson 10
 
 
 def left_pad(token_lists, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,25 +68,34 @@ def batch_invariance(model, token_lists, batch_sizes=(2, 4), new_tokens: int = 8
 
 
 @torch.inference_mode()
-def decode_step_seconds(model, batch_size: int, prompt_len: int = 16, new_tokens: int = 16, reps: int = 3) -> float:
+def decode_step_seconds(model, batch_size: int, prompt_len: int = 16, new_tokens: int = 16, reps: int = 3,
+                        generate_n=None) -> float:
     """Median seconds of one decode step for `batch_size` rows: (time of new_tokens tokens - time of 1) / (new_tokens
-    - 1), so the prefill cancels. Random prompt ids, no EOS, one warm-up run first."""
+    - 1), so the prefill cancels. Random prompt ids, no EOS, one warm-up run first. `generate_n(ids, n)` makes exactly
+    n new tokens (default: our generate; benchmarks/batch.py passes transformers' to time it the same way)."""
     if new_tokens < 2:
         raise ValueError(f"new_tokens must be at least 2 to time a decode step, got {new_tokens}")
     device = next(model.parameters()).device
     ids = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len),
                         generator=torch.Generator().manual_seed(0)).to(device)  # (B, prompt_len)
+    if generate_n is None:
+        def generate_n(ids, n):
+            return generate(model, ids, n, eos_token_id=None)
 
     def run(n: int) -> float:
-        sync_device(device)
-        t0 = time.perf_counter()
-        generate(model, ids, n, eos_token_id=None)
-        sync_device(device)
-        return time.perf_counter() - t0
+        return timed(lambda: generate_n(ids, n), device)[0]  # lesson 10's timer
 
     run(2)  # warm-up: first-touch of the cache, allocator, kernel choice
     steps = [(run(new_tokens) - run(1)) / (new_tokens - 1) for _ in range(reps)]
     return statistics.median(steps)
+
+
+def matmul_flops(device="cpu", dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5) -> float:
+    """FLOP/s of an n x n x n matmul (2·n³ FLOPs), median of `reps` after a warm-up: what the arithmetic units deliver,
+    the roofline's other roof."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)  # (n, n)
+    a @ b  # warm-up
+    return 2 * n**3 / statistics.median(timed(lambda: a @ b, device)[0] for _ in range(reps))
 
 
 # Exercise checks for lesson 13's batching part: each returns one line, "not attempted yet", "right: ..." or "wrong: ...".

@@ -262,12 +262,14 @@ def check_chatml(my_chatml, chat: ChatTemplate) -> str:
 
 def fit_conversation(chat: ChatTemplate, messages: list[dict], max_tokens: int) -> list[dict]:
     """The messages to send so that the prompt (with the generation prompt) has at most `max_tokens` tokens: a leading
-    system message and the last message stay, the others go oldest first (exercise 2's rule; `hardway chat` uses it).
-    A ChatTemplateError when even those two do not fit."""
+    system message and the last message stay, the others go oldest first, a whole exchange at a time: a user message
+    leaves with the answers after it, so the kept part starts with a question (exercise 2's rule; `hardway chat` uses
+    it). A ChatTemplateError when even those two do not fit."""
     head = messages[:1] if messages[0]["role"] == "system" and len(messages) > 1 else []
-    middle, last = messages[len(head):-1], messages[-1:]
-    for k in range(len(middle) + 1):  # drop the k oldest messages between the system message and the last one
-        kept = head + middle[k:] + last
+    rest = messages[len(head):]
+    cuts = [0] + [k for k in range(1, len(rest)) if rest[k]["role"] == "user"] + [len(rest) - 1]  # where we may cut
+    for k in sorted(set(cuts)):  # drop rest[:k], the k oldest messages after the system message
+        kept = head + rest[k:]
         if len(chat.encode(kept, add_generation_prompt=True)) <= max_tokens:
             return kept
     raise ChatTemplateError(f"even the system message and the last message need "
@@ -306,4 +308,4 @@ def check_fit_conversation(my_fit_conversation, chat: ChatTemplate) -> str:
                     f"({minimum} tokens): raise ChatTemplateError")
         if got != expected:
             return f"wrong: with max_tokens={max_tokens} expected {_describe(expected)}, got {_describe(got)}"
-    return "right: keeps the system and last messages, drops the oldest first, and refuses what cannot fit"
+    return "right: keeps the system and last messages, drops whole exchanges oldest first, and refuses what cannot fit"

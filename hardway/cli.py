@@ -5,40 +5,34 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
 
 from hardway.generation import generate
 from hardway.hub import checkpoint
-from hardway.loading import load, resolve
+from hardway.loading import DTYPE_NAMES, check_device, load, resolve
+from hardway.sampling import build_processors
 from hardway.tokenizer import load_tokenizer
-from hardway.verify import DEFAULT_PROMPT, DTYPE_NAMES, format_report, run_ritual
 
 
-def _device_and_dtype(args) -> tuple[str, torch.dtype]:
-    """The device and dtype asked for, checked: a device this machine has, in a dtype it computes."""
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"--device {device!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: this machine has no CUDA GPU that torch can use")
-        index = torch.device(device).index or 0
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
-    elif kind != "cpu":
-        raise ValueError(f"--device {device}: hardway runs on cpu or cuda")
-    return device, DTYPE_NAMES[args.dtype or ("float16" if kind == "cuda" else "float32")]
+def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype asked for, checked by the same rule as `load`'s: a device this machine has."""
+    device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), name="--device")
+    return device, DTYPE_NAMES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
 
 
 def cmd_verify(args) -> int:
+    # Imported here, not at the top: the ritual needs transformers, which takes four times as long to import as
+    # the rest of hardway, and `hardway generate` (or a mistyped flag) should not wait for it.
+    from hardway.verify import DEFAULT_PROMPT, format_report, run_ritual
+
     device, dtype = _device_and_dtype(args)
-    checks = run_ritual(args.model, device=device, dtype=dtype, prompt=args.prompt, new_tokens=args.new_tokens,
-                        max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text)
-    print(format_report(checks))
+    prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    checks = run_ritual(args.model, device=device, dtype=dtype, prompt=prompt, new_tokens=args.new_tokens,
+                        max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text,
+                        report=lambda checks: print(format_report(checks), flush=True))
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
     failed = [c.name for c in checks if not c.passed]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
@@ -65,47 +59,64 @@ class TextStream:
 
 
 def _sampling(args, device) -> dict:
-    """generate's sampling arguments from the command line: --temperature 0 is greedy."""
+    """generate's sampling arguments from the command line (--temperature 0 is greedy), checked by the rule
+    `generate` uses before anything loads."""
+    do_sample = args.temperature != 0
+    sampling = dict(do_sample=do_sample, temperature=args.temperature if do_sample else None, top_k=args.top_k,
+                    top_p=args.top_p)
+    build_processors(**sampling)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
-    return dict(do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_k=args.top_k,
-                top_p=args.top_p, generator=generator)
+    return dict(sampling, generator=generator)
 
 
 def cmd_generate(args) -> int:
+    """The generated text alone goes to stdout (so `hardway generate ... > out.txt` holds just that); the echoed
+    prompt, banners and errors go to stderr. With --chat the prompt is one user message in the checkpoint's chat
+    format (lesson 13) and generation stops at the end of the assistant's turn."""
     device, dtype = _device_and_dtype(args)
-    folder = checkpoint(args.model)
-    tokenizer = load_tokenizer(folder)
-    stop = {}  # generate's default: the model's EOS ids
-    if args.chat:  # the prompt as one user message in the checkpoint's chat format (lesson 13)
-        chat = resolve("hardway.chat:ChatTemplate").from_folder(folder)
-        prompt_ids = chat.encode([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
-        stop = {"eos_token_id": chat.end_of_turn_ids()}
-    else:
-        prompt_ids = tokenizer.encode(args.prompt)
-    model = load(folder, device=device, dtype=dtype)
-    input_ids = torch.tensor([prompt_ids], device=device)  # (1, T)
+    sampling = _sampling(args, device)
+    with contextlib.redirect_stdout(sys.stderr):  # whatever loading says (a stand-in's banner) is not the output
+        folder = checkpoint(args.model)
+        tokenizer = load_tokenizer(folder)
+        stop = {}  # generate's default: the model's EOS ids
+        if args.chat:  # no chat template: an error, before the weights load
+            chat = resolve("hardway.chat:ChatTemplate").from_folder(folder)
+            prompt_ids = chat.encode([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
+            stop = {"eos_token_id": chat.end_of_turn_ids()}
+        else:
+            prompt_ids = tokenizer.encode(args.prompt)
+        model = load(folder, device=device, dtype=dtype)
+    input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     end_ids = set(stop.get("eos_token_id", ()))  # with --chat the end-of-turn token is not printed
     text = TextStream(tokenizer)
+    new: list[int] = []
 
     def stream(next_ids):  # next_ids: (1,)
-        if int(next_ids[0]) not in end_ids:
-            sys.stdout.write(text.push(int(next_ids[0]))); sys.stdout.flush()
+        if not new and not args.chat:  # the prompt, echoed once generation is under way (an error comes alone)
+            sys.stderr.write(args.prompt); sys.stderr.flush()
+        new.append(int(next_ids[0]))
+        if new[-1] not in end_ids:
+            sys.stdout.write(text.push(new[-1])); sys.stdout.flush()
 
-    if not args.chat:
-        sys.stdout.write(args.prompt); sys.stdout.flush()
-    generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, **stop, **_sampling(args, device))
+    try:
+        generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, **stop, **sampling)
+    except KeyboardInterrupt:  # Ctrl-C: the text so far stays on stdout; one line on stderr says why it stopped
+        print(f"\nhardway generate: interrupted after {len(new)} new token(s)", file=sys.stderr)
+        return 130
     sys.stdout.write("\n")
     return 0
 
 
 def cmd_chat(args) -> int:
     device, dtype = _device_and_dtype(args)
-    folder = checkpoint(args.model)
-    chat = resolve("hardway.chat:ChatTemplate").from_folder(folder)  # lesson 13; no template: an error, before loading
-    model = load(folder, device=device, dtype=dtype)
+    sampling = _sampling(args, device)
+    with contextlib.redirect_stdout(sys.stderr):
+        folder = checkpoint(args.model)
+        chat = resolve("hardway.chat:ChatTemplate").from_folder(folder)  # lesson 13; no template: an error, early
+        model = load(folder, device=device, dtype=dtype)
     chat_loop = resolve("hardway.chat_cli:chat_loop")  # lesson 13
     return chat_loop(model, chat, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
-                     system=args.system, **_sampling(args, device))
+                     system=args.system, **sampling)
 
 
 def cmd_serve(args) -> int:
@@ -131,7 +142,7 @@ def main(argv=None) -> int:
     common.add_argument("--dtype", default=None, choices=sorted(DTYPE_NAMES),
                         help="default: float16 on CUDA, float32 on CPU")
     v = sub.add_parser("verify", parents=[common], help="the verification ritual against transformers")
-    v.add_argument("--prompt", default=DEFAULT_PROMPT)
+    v.add_argument("--prompt", default=None, help="default: hardway.verify.DEFAULT_PROMPT")
     v.add_argument("--new-tokens", type=int, default=50)
     v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length (default: all on CUDA, 2048 on CPU)")
     v.add_argument("--text", default=None, metavar="FILE",
@@ -161,9 +172,6 @@ def main(argv=None) -> int:
     commands = {"verify": cmd_verify, "generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     try:
         return commands[args.command](args)
-    except KeyboardInterrupt:  # Ctrl-C outside an answer (loading, verifying): stop quietly
-        print(f"\nhardway {args.command}: interrupted", file=sys.stderr)
-        return 130
     except torch.cuda.OutOfMemoryError as e:  # a model or a text too large for this GPU
         first_line = str(e).splitlines()[0] if str(e) else "CUDA out of memory"
         print(f"hardway {args.command}: error: out of GPU memory ({first_line}); try --dtype float16, a smaller "
@@ -172,3 +180,12 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:  # bad input, a missing or gated checkpoint: one clear line, no traceback
         print(f"hardway {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # the GPU failing (a driver error, a kernel missing for this GPU): one line too
+        if not (isinstance(e, torch.AcceleratorError) or "CUDA" in str(e)):
+            raise  # anything else is a bug in hardway, and its traceback is what a bug report needs
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"hardway {args.command}: error: the GPU failed: {first_line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while loading: no traceback, the shell's exit code for SIGINT
+        print(f"\nhardway {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from hardway.errors import check_int  # lesson 03
 from hardway.loading import CausalLM, eos_token_list  # lesson 06: the model contract, the one EOS normalisation
 from hardway.sampling import build_processors, sample_next_token
 
@@ -41,7 +42,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
              repetition_penalty: float | None = None, eos_token_id=_MODEL_EOS,
              generator: torch.Generator | None = None, use_cache: bool = True,
              on_token: Callable[[torch.Tensor], None] | None = None,
-             decode_step: Callable | None = None, kv_cache=None,
+             decode_step: Callable | None = None, kv_cache=None, eos_check_every: int | None = None,
              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
@@ -53,23 +54,32 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     `on_token(next_ids (B,))` is called after each step, e.g. to stream text. `decode_step(ids (B, 1), cache,
     start_pos) -> logits (B, 1, V)` replaces the model for the one-token steps (lesson 12 passes a compiled one);
     `kv_cache` reuses a preallocated KVCache (batch B, room for T + max_new_tokens) instead of allocating one.
+    `eos_check_every`: steps between two host reads of "every row finished" (default: 1 on CPU or with on_token, 8
+    otherwise); the steps run after the rows finished are cut, so the result does not depend on it.
     `attention_mask` (B, T), 1 real / 0 padding, runs left-padded prompts of different lengths (lesson 13).
 
     Nothing grows with the sequence: the output ids live in one buffer allocated up front, the cache is
     preallocated, and the model computes the head on the last position only (`last_only=True`).
     """
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise ValueError(f"input_ids must be a LongTensor of shape (B, T), got "
-                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} {tuple(getattr(input_ids, 'shape', ()))}")
+    # Every argument is checked before the model runs or a cache is allocated; the model checks the ids' values.
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a tensor of token ids of shape (B, T), got "
+                         f"{type(input_ids).__name__} {tuple(getattr(input_ids, 'shape', ()))}")
     B, T = input_ids.shape
     if B == 0 or T == 0:
-        raise ValueError(f"input_ids must hold at least one token per row, got shape {(B, T)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        raise ValueError(f"the prompt is empty (input_ids of shape {(B, T)}): generation continues at least one token")
+    if input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be a LongTensor (torch.long), got {input_ids.dtype}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
     if T + max_new_tokens > model.max_seq_len:
-        raise ValueError(f"prompt of {T} tokens + max_new_tokens={max_new_tokens} = {T + max_new_tokens} tokens, "
-                         f"more than the model's context length of {model.max_seq_len}; shorten the prompt or "
-                         f"ask for at most {model.max_seq_len - T} new tokens")
+        room = model.max_seq_len - T  # new tokens that still fit
+        raise ValueError(f"the prompt is {T} tokens; with max_new_tokens={max_new_tokens} that makes "
+                         f"{T + max_new_tokens}, more than the model's context of {model.max_seq_len} tokens: "
+                         + (f"ask for at most {room} new tokens" if room > 0 else
+                            f"the prompt alone fills it; shorten it to at most {model.max_seq_len - 1} tokens"))
+    if do_sample and generator is not None and generator.device != input_ids.device:
+        raise ValueError(f"the generator is on {generator.device}, the token ids on {input_ids.device}: "
+                         f"make it with torch.Generator(device={str(input_ids.device)!r})")
     mask = None  # (B, T + max_new_tokens) once there is padding: the attention mask of every position
     if attention_mask is not None:
         real = check_attention_mask(input_ids, attention_mask)  # (B, T)
@@ -85,6 +95,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=input_ids.device)  # (B, T + new): all ids
     out[:, :T] = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # (B,)
+    if eos_check_every is None:  # reading `finished` on the host waits for the GPU: not every step there
+        eos_check_every = 1 if input_ids.device.type == "cpu" or on_token is not None else 8
 
     def padding(n: int) -> dict:  # the forward pass's attention_mask over the first n positions, when there is padding
         return {} if mask is None else {"attention_mask": mask[:, :n]}  # (B, n)
@@ -112,10 +124,14 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
         n += 1
         if on_token is not None:
             on_token(next_ids)
-        if step == max_new_tokens - 1 or (eos and finished.all()):
+        if step == max_new_tokens - 1 or (eos and (step + 1) % eos_check_every == 0 and finished.all()):
             break  # no forward pass for a token nobody will read
         if use_cache:
             logits = step_fn(out[:, n - 1:n], kv_cache=cache, start_pos=n - 1, **padding(n))  # (B, 1, V)
         else:
             logits = model(out[:, :n], **padding(n))  # (B, n, V): the whole sequence again
+    if eos and eos_check_every > 1:  # cut the steps that ran after every row had finished: all EOS padding
+        is_eos = torch.isin(out[:, T:n], eos_ids)  # (B, n - T)
+        if is_eos.any(dim=1).all():  # every row finished: the loop would have stopped after the last one's EOS
+            n = T + int(is_eos.int().argmax(dim=1).max()) + 1  # argmax: each row's first EOS
     return out[:, :n]

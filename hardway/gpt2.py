@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.errors import CheckpointError, ConfigError
+from hardway.errors import CheckpointError, ConfigError, check_int, check_number
 
 
 @dataclass
@@ -46,20 +46,24 @@ class GPT2Config:
         ("tie_word_embeddings", (True,), True),                # the output head is wte itself (lesson 06)
     )
 
+    SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # required, each an integer >= 1
+
     @classmethod
     def from_dict(cls, d: dict) -> "GPT2Config":
-        """Build from a config.json dict (transformers' GPT2Config keys)."""
+        """Build from a config.json dict (transformers' GPT2Config keys); a ConfigError names the key that is wrong."""
         for key, allowed, default in cls.SUPPORTED:
             if d.get(key, default) not in allowed:
-                raise ConfigError(f"GPT-2 config.json: {key}={d[key]!r} is not supported (supported: {allowed})")
-        missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in d]
+                raise ConfigError(f"GPT-2: {key}={d[key]!r} is not supported (supported: {allowed})")
+        missing = [k for k in cls.SIZES if k not in d]
         if missing:
-            raise ConfigError(f"GPT-2 config.json lacks {missing}")
-        if d["n_embd"] % d["n_head"]:
-            raise ConfigError(f"GPT-2 config.json: n_embd={d['n_embd']} is not divisible by n_head={d['n_head']}")
-        return cls(vocab_size=d["vocab_size"], n_positions=d["n_positions"], n_embd=d["n_embd"],
-                   n_layer=d["n_layer"], n_head=d["n_head"], n_inner=d.get("n_inner"),
-                   layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5))
+            raise ConfigError(f"missing {missing}: GPT-2 needs {list(cls.SIZES)}")
+        sizes = {k: check_int(k, d[k], minimum=1, error=ConfigError) for k in cls.SIZES}
+        if sizes["n_embd"] % sizes["n_head"]:
+            raise ConfigError(f"n_embd={sizes['n_embd']} is not divisible by n_head={sizes['n_head']}")
+        n_inner = d.get("n_inner")
+        return cls(**sizes, n_inner=None if n_inner is None else check_int("n_inner", n_inner, 1, ConfigError),
+                   layer_norm_epsilon=check_number("layer_norm_epsilon", d.get("layer_norm_epsilon", 1e-5),
+                                                   positive=True, error=ConfigError))
 
 
 def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, start_pos: int = 0,
@@ -67,26 +71,46 @@ def embed_tokens(wte: nn.Embedding, wpe: nn.Embedding, input_ids: torch.Tensor, 
     """x[b, t] = wte[input_ids[b, t]] + wpe[start_pos + t]: what the token is, plus where it is.
 
     input_ids (B, T) -> x (B, T, C). `positions` (B, T), when given, is each token's own position instead: in a
-    left-padded batch (lesson 13) a row's first real token sits at position 0 whatever its column."""
+    left-padded batch (lesson 13) a row's first real token sits at position 0 whatever its column. `start_pos` may
+    also be a 0-dim tensor (lesson 12's static-shape decoding), whose cache checks the range."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+    check_token_ids(input_ids, wte)
     B, T = input_ids.shape
     n_positions = wpe.num_embeddings
-    if start_pos < 0 or start_pos + T > n_positions:
+    if not isinstance(start_pos, torch.Tensor) and (start_pos < 0 or start_pos + T > n_positions):
         raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
                          f"n_positions={n_positions} (start_pos={start_pos}, {T} new tokens)")
     if positions is None:
-        positions = torch.arange(start_pos, start_pos + T, device=input_ids.device)  # (T,)
+        positions = start_pos + torch.arange(T, device=input_ids.device)  # (T,)
     return wte(input_ids) + wpe(positions)  # (B, T, C) + (T, C) or (B, T, C) -> (B, T, C)
 
 
-def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
+def check_token_ids(input_ids: torch.Tensor, table: nn.Embedding) -> None:
+    """A ValueError unless every id of input_ids (B, T) is a row of `table` and lies on the table's device."""
+    if torch.compiler.is_compiling():
+        return  # a compiled graph cannot branch on values; the eager call before it has checked the prompt
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"token ids must be integers, got {input_ids.dtype}")
+    if input_ids.device != table.weight.device:
+        raise ValueError(f"the token ids are on {input_ids.device}, the model on {table.weight.device}: "
+                         f"move them with input_ids.to({str(table.weight.device)!r})")
+    if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= table.num_embeddings):
+        bad = input_ids[(input_ids < 0) | (input_ids >= table.num_embeddings)]  # (n_bad,)
+        raise ValueError(f"token id {int(bad[0])} is not in this model's vocabulary: ids run from 0 to "
+                         f"{table.num_embeddings - 1} ({len(bad)} id(s) out of range)")
+
+
+def causal_mask(T: int, S: int, device=None, start_pos=None) -> torch.Tensor:
     """Boolean mask (T, S) for T queries that are the last T of S positions: True where query i may look
-    (key position <= its own position S - T + i), False where it may not (the future).
+    (key position <= its own position S - T + i), False where it may not (the future). With `start_pos` (an int
+    or a 0-dim tensor, lesson 12) the queries sit at start_pos + i instead, and the keys after them are cache slots
+    not written yet.
 
     The one causal mask of the course: GPT-2's attention below, Llama's (lesson 09) and the diagnostics (lesson 11)
     all use it. Boolean, because that is what F.scaled_dot_product_attention takes, as transformers passes it."""
-    query_pos = torch.arange(S - T, S, device=device)[:, None]  # (T, 1)
+    first = S - T if start_pos is None else start_pos
+    query_pos = (first + torch.arange(T, device=device))[:, None]  # (T, 1)
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     return key_pos <= query_pos  # (T, S)
 
@@ -150,7 +174,9 @@ class CausalSelfAttention(nn.Module):
             # Store the new keys/values at positions start_pos.., get back all of 0..start_pos+T-1.
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # each (B, H, S, d), S = start_pos + T
         S = k.size(2)
-        if mask is None:
+        if mask is None and isinstance(start_pos, torch.Tensor):  # lesson 12's static cache: k, v are all its slots
+            mask = causal_mask(T, S, device=x.device, start_pos=start_pos)  # (T, S): the later slots are empty
+        elif mask is None:
             mask = causal_mask(T, S, device=x.device) if T > 1 else None  # (T, S)
         y, _ = attention(q, k, v, mask)  # (B, H, T, d)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): the heads side by side again
@@ -281,9 +307,9 @@ class GPT(nn.Module):
         x = embed_tokens(self.wte, self.wpe, input_ids, start_pos, positions)  # (B, T, C), what embed() returns
         for block in self.h:
             x = block(x, kv_cache, start_pos, mask)  # (B, T, C)
+        x = self.ln_f(x)  # (B, T, C): every position, then the slice, in transformers' order
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
-        x = self.ln_f(x)  # (B, T, C)
         return F.linear(x, self.wte.weight)  # (B, T, V): x @ wte.T, the tied head
 
     def qkv(self, layer: int, x: torch.Tensor):

@@ -371,11 +371,12 @@ def dataset_file(repo_id: str, filename: str, revision: str = "main") -> Path:
     return local_dir / filename
 
 
-def shakespeare_path() -> Path:
+def shakespeare_path(download: bool = True) -> Path:
     """models_dir()/data/shakespeare.txt: the stand-in's plays, else TinyShakespeare, downloaded once when absent
-    (not with HF_HUB_OFFLINE=1). The one place that knows where the course's English text lives."""
+    (not with HF_HUB_OFFLINE=1; not with download=False, which only says where it would be).
+    The one place that knows where the course's English text lives."""
     path = models_dir() / "data" / "shakespeare.txt"
-    if path.exists():  # the final name only ever holds a complete file
+    if path.exists() or not download:  # the final name only ever holds a complete file
         return path
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
         raise FileNotFoundError(f"{path} does not exist and HF_HUB_OFFLINE is set: put a UTF-8 text file there")

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.errors import CheckpointError, ConfigError  # lesson 03: the errors every model raises
-from hardway.gpt2 import causal_mask, positions_and_mask  # lesson 04: the one causal mask, and padding's
+from hardway.errors import CheckpointError, ConfigError, check_int, check_number  # lesson 03: errors and checks
+from hardway.gpt2 import causal_mask, check_token_ids, positions_and_mask  # lessons 03-04: the id check, the masks
 from hardway.kv_cache import KVCache  # lesson 08
 from hardway.loading import Checkpoint  # lesson 06
 
@@ -55,14 +55,33 @@ class ModelConfig:
             raise ConfigError(f"hidden_act {d['hidden_act']!r}: only 'silu' (SwiGLU) is implemented")
         if model_type == "qwen2" and d.get("use_sliding_window", False):
             raise ConfigError("use_sliding_window=true: sliding-window attention is not implemented")
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads") if k not in d]
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in required if k not in d]
         if missing:
-            raise ConfigError(f"config.json lacks {missing}")
+            raise ConfigError(f"missing {missing}: a {model_type} model needs {list(required)}")
+        size = {k: check_int(k, d[k], minimum=1, error=ConfigError) for k in required}  # each an integer >= 1
+
+        def optional_int(key, default):  # absent or null: the default
+            return default if d.get(key) is None else check_int(key, d[key], minimum=1, error=ConfigError)
+
+        qwen2 = model_type == "qwen2"
+        n_heads = size["num_attention_heads"]
+        if d.get("head_dim") is None and size["hidden_size"] % n_heads:
+            raise ConfigError(f"hidden_size={size['hidden_size']} is not divisible by num_attention_heads={n_heads}, "
+                              f"and no head_dim is given")
+        head_dim = optional_int("head_dim", size["hidden_size"] // n_heads)
+        if head_dim % 2:
+            raise ConfigError(f"head_dim={head_dim} is odd: RoPE rotates pairs of dimensions")
+        max_positions = optional_int("max_position_embeddings", 32768 if qwen2 else 2048)
 
         # RoPE: transformers 5 puts everything in `rope_parameters`; the hub's files use rope_theta + rope_scaling.
-        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
-        rope_theta = float(rope.pop("rope_theta", d.get("rope_theta", 10000.0)))
+        rope_key = "rope_parameters" if d.get("rope_parameters") else "rope_scaling"
+        rope = d.get(rope_key) or {}
+        if not isinstance(rope, dict):
+            raise ConfigError(f"{rope_key} must be an object {{...}}, got {rope!r}")
+        rope = dict(rope)
+        rope_theta = check_number("rope_theta", rope.pop("rope_theta", d.get("rope_theta", 10000.0)), positive=True,
+                                  error=ConfigError)
         rope_type = rope.pop("rope_type", rope.pop("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ConfigError(f"rope_type {rope_type!r} is not implemented; supported: {SUPPORTED_ROPE_TYPES}")
@@ -70,23 +89,25 @@ class ModelConfig:
             raise ConfigError("partial_rotary_factor != 1 is not implemented")
         rope_scaling = None
         if rope_type == "llama3":
-            rope_scaling = {"rope_type": "llama3", "factor": float(rope["factor"]),
-                            "low_freq_factor": float(rope["low_freq_factor"]),
-                            "high_freq_factor": float(rope["high_freq_factor"]),
-                            "original_max_position_embeddings": int(rope.get("original_max_position_embeddings",
-                                                                             d["max_position_embeddings"]))}
+            needed = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+            if needed:
+                raise ConfigError(f"{rope_key} of rope_type 'llama3' lacks {needed}")
+            rope_scaling = {"rope_type": "llama3", **{k: check_number(f"{rope_key}.{k}", rope[k], positive=True,
+                                                                      error=ConfigError) for k in
+                                                      ("factor", "low_freq_factor", "high_freq_factor")},
+                            "original_max_position_embeddings": check_int(
+                                f"{rope_key}.original_max_position_embeddings",
+                                rope.get("original_max_position_embeddings", max_positions), 1, ConfigError)}
+            if rope_scaling["low_freq_factor"] == rope_scaling["high_freq_factor"]:
+                raise ConfigError(f"{rope_key}: low_freq_factor equals high_freq_factor; Llama 3's ramp between "
+                                  f"them would divide by zero")
 
-        n_heads = d["num_attention_heads"]
-        qwen2 = model_type == "qwen2"
         attention_bias = True if qwen2 else bool(d.get("attention_bias", False))
         return cls(
-            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"], num_attention_heads=n_heads,
-            num_key_value_heads=d.get("num_key_value_heads") or n_heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // n_heads,
-            max_position_embeddings=d.get("max_position_embeddings", 32768 if qwen2 else 2048),
+            **size, num_key_value_heads=optional_int("num_key_value_heads", n_heads), head_dim=head_dim,
+            max_position_embeddings=max_positions,
             rope_theta=rope_theta, rope_scaling=rope_scaling,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=check_number("rms_norm_eps", d.get("rms_norm_eps", 1e-6), positive=True, error=ConfigError),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=attention_bias, o_proj_bias=False if qwen2 else attention_bias,
             mlp_bias=False if qwen2 else bool(d.get("mlp_bias", False)),
@@ -165,14 +186,16 @@ def repeat_kv(x, n_rep: int):
 
 def causal_attention(q, k, v, mask=None):
     """q: (B, n_head, T, d); k, v: (B, n_kv_head, S, d) where the T queries are the last T of S positions.
-    mask: None, or (B, 1, T, S) boolean from positions_and_mask for a left-padded batch (lesson 13).
+    mask: None for plain causal attention, or a boolean mask (True = may attend) that says everything: (B, 1, T, S)
+    from positions_and_mask for a left-padded batch (lesson 13), or (T, S) for lesson 12's static cache, whose k and v
+    are every slot of the cache, the ones after the queries still empty.
 
     Calls F.scaled_dot_product_attention with the arguments transformers uses, so the result is bit-identical."""
     T, S = q.shape[2], k.shape[2]
     scale = q.shape[-1] ** -0.5
     gqa = q.shape[1] != k.shape[1]
     n_rep = q.shape[1] // k.shape[1]
-    if mask is not None:  # padding: the mask says everything, causal and padding together
+    if mask is not None:  # the mask says everything: causal and padding together, or the static cache's empty slots
         if T == 1 and gqa:  # transformers' pack_gqa: a group's n_rep query heads become n_rep queries of its KV head
             B, H, _, d = q.shape
             y = F.scaled_dot_product_attention(q.reshape(B, H // n_rep, n_rep, d), k, v, attn_mask=mask, scale=scale)
@@ -213,6 +236,8 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, cos, sin)
         if kv_cache is not None:  # store the new keys/values, attend over everything cached so far
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, start_pos + T, d)
+        if mask is None and isinstance(start_pos, torch.Tensor):  # lesson 12's static cache: k, v are all its slots
+            mask = causal_mask(T, k.shape[2], device=x.device, start_pos=start_pos)  # (T, S): query t sees [0, start_pos + t]
         y = causal_attention(q, k, v, mask)  # (B, n_head, T, d)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, n_head * d)
         return self.o_proj(y)  # (B, T, C)
@@ -268,27 +293,29 @@ class Llama(nn.Module):
 
     def embed(self, input_ids, start_pos: int = 0):
         """input_ids (B, T) -> the residual stream entering block 0, (B, T, C). (Positions enter later, in RoPE.)"""
+        check_token_ids(input_ids, self.tok_emb)  # lesson 03
         return self.tok_emb(input_ids)
 
     def forward(self, input_ids, kv_cache=None, start_pos: int = 0, last_only: bool = False,
                 attention_mask=None):  # input_ids: (B, T); attention_mask: (B, start_pos + T), lesson 13
         B, T = input_ids.shape
-        if start_pos < 0 or start_pos + T > self.max_seq_len:
-            raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
-                             f"max_seq_len={self.max_seq_len} (start_pos={start_pos}, {T} new tokens)")
-        if start_pos and kv_cache is None:
-            raise ValueError("start_pos > 0 needs the kv_cache holding the earlier positions")
+        if not isinstance(start_pos, torch.Tensor):  # a position tensor (lesson 12) is checked by its cache
+            if start_pos < 0 or start_pos + T > self.max_seq_len:
+                raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
+                                 f"max_seq_len={self.max_seq_len} (start_pos={start_pos}, {T} new tokens)")
+            if start_pos and kv_cache is None:
+                raise ValueError("start_pos > 0 needs the kv_cache holding the earlier positions")
         x = self.embed(input_ids)  # (B, T, C)
         if attention_mask is None:
-            positions, mask = torch.arange(start_pos, start_pos + T, device=input_ids.device), None  # (T,)
+            positions, mask = start_pos + torch.arange(T, device=input_ids.device), None  # (T,)
         else:  # a left-padded batch: positions (B, T) count real tokens; mask (B, 1, T, S) hides padding
             positions, mask = positions_and_mask(attention_mask, input_ids, start_pos)  # lesson 04
         cos, sin = self.rope(positions, x.dtype)  # (T, d) or (B, 1, T, d) each
         for block in self.blocks:
             x = block(x, cos, sin, kv_cache, start_pos, mask)  # (B, T, C)
+        x = self.final_norm(x)  # every position, then the slice: transformers' order, so the rounding is the same
         if last_only:  # generation reads only the last position: skip the head's biggest matmul (lesson 12)
             x = x[:, -1:, :]  # (B, 1, C)
-        x = self.final_norm(x)
         return self.lm_head(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
 
     def qkv(self, layer: int, x):

@@ -15,18 +15,59 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from hardway.errors import ConfigError
+from hardway.errors import ConfigError, check_int
 from hardway.hub import checkpoint
 from hardway.safetensors import load_checkpoint
+
+DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}  # name -> dtype
+
+
+def check_dtype(dtype) -> torch.dtype:
+    """A dtype the course computes in, given as a torch.dtype or by name ("bfloat16"); else a ValueError."""
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    if isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES.values():
+        return dtype
+    raise ValueError(f"dtype {dtype!r}: hardway computes in {', '.join(DTYPE_NAMES)} (a name or a torch.dtype)")
+
+
+def check_device(device, name: str = "device") -> torch.device:
+    """`device` ("cpu", "cuda", "cuda:1", a torch.device) as a torch.device this machine has; else a ValueError
+    saying why not, before anything is loaded onto it. `name` is what the message calls it (the CLI: --device)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name} {device!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {d}: this machine has no CUDA GPU that torch can use")
+        if (d.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"{name} {d}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    elif d.type != "cpu":
+        raise ValueError(f"{name} {d}: hardway runs on cpu or cuda")
+    return d
 
 
 def eos_token_list(eos) -> list[int]:
     """An end-of-sequence setting as a list of ids: None -> [], 7 -> [7], [7, 8] -> [7, 8].
 
-    Config files and `generate`'s argument both allow an int or a list; everything after this sees a list."""
+    Config files and `generate`'s argument both allow an int or a list; everything after this sees a list.
+    Anything else ("2", 2.0, true) is a ValueError: a string of digits is not a list of ids."""
     if eos is None:
         return []
-    return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]
+    return [check_int("eos_token_id", i, minimum=0) for i in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def read_json_object(path: Path) -> dict:
+    """The settings a JSON file holds ({...}), or a ConfigError that names the file and says what is wrong."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} must hold a JSON object of settings {{...}}, not {json.dumps(value)[:40]}")
+    return value
 
 
 @dataclass
@@ -45,10 +86,13 @@ def read_checkpoint(folder, device="cpu", dtype: torch.dtype = torch.float32) ->
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder} has no config.json: is it a model checkpoint folder?")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = read_json_object(config_path)
     generation_path = folder / "generation_config.json"
-    generation = json.loads(generation_path.read_text(encoding="utf-8")) if generation_path.is_file() else {}
-    eos = eos_token_list(generation.get("eos_token_id", config.get("eos_token_id")))
+    generation = read_json_object(generation_path) if generation_path.is_file() else {}
+    try:
+        eos = eos_token_list(generation.get("eos_token_id", config.get("eos_token_id")))
+    except ValueError as e:  # name the file the bad value is in
+        raise ConfigError(f"{generation_path if 'eos_token_id' in generation else config_path}: {e}") from None
     tensors = {name: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for name, t in load_checkpoint(folder).items()}  # lesson 01
     return Checkpoint(folder, config, eos, tensors)
@@ -99,13 +143,20 @@ def resolve(reference: str):
 
 
 def load(name_or_path, device="cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
-    """A ready model, in eval mode, from a hub repo id (e.g. "openai-community/gpt2") or a local checkpoint folder."""
+    """A ready model, in eval mode, from a hub repo id (e.g. "openai-community/gpt2") or a local checkpoint folder.
+
+    `dtype` is a torch.dtype or its name ("float16"). A bad config.json is a ConfigError that names the file and the
+    setting; an unknown device or dtype is a ValueError, raised before anything is read."""
+    device, dtype = check_device(device), check_dtype(dtype)
     folder = checkpoint(name_or_path)
     ckpt = read_checkpoint(folder, device, dtype)
     model_type = ckpt.config.get("model_type")
-    if model_type not in MODEL_CLASSES:
+    if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
         raise ConfigError(f"{folder}/config.json has model_type {model_type!r}; supported: {sorted(MODEL_CLASSES)}")
-    model = resolve(MODEL_CLASSES[model_type]).from_checkpoint(ckpt)
+    try:
+        model = resolve(MODEL_CLASSES[model_type]).from_checkpoint(ckpt)
+    except ConfigError as e:  # the models check the settings they read; say which file they came from
+        raise ConfigError(f"{folder / 'config.json'}: {e}") from e
     return resolve(DECODE_LAYOUT)(model)  # on CPU in fp32: matrices laid out for decoding; elsewhere unchanged
 
 

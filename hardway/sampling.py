@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from hardway.errors import check_int, check_number  # lesson 03: one rule for every number we are given
+
 
 class LogitsProcessor:
     """A step of the sampling ladder: `(input_ids (B, T), scores (B, V)) -> scores (B, V)`.
@@ -30,9 +32,9 @@ class TemperatureLogitsWarper(LogitsProcessor):
     """Divide the logits by `temperature`: < 1 sharpens the distribution, > 1 flattens it."""
 
     def __init__(self, temperature: float):
-        if not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise ValueError(f"temperature must be a positive number, got {temperature!r} "
-                             "(for always-the-most-likely-token decoding use do_sample=False)")
+        if check_number("temperature", temperature) <= 0:
+            raise ValueError(f"temperature must be a positive number, got {temperature!r} (for always-the-most-"
+                             "likely-token decoding use do_sample=False; on the command line, --temperature 0)")
         self.temperature = float(temperature)
 
     def __call__(self, input_ids, scores):
@@ -43,9 +45,7 @@ class TopKLogitsWarper(LogitsProcessor):
     """Keep the k largest logits (and every logit tied with the k-th), set the rest to -inf."""
 
     def __init__(self, top_k: int):
-        if not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(f"top_k must be a positive int, got {top_k!r}")
-        self.top_k = top_k
+        self.top_k = check_int("top_k", top_k, minimum=1)
 
     def __call__(self, input_ids, scores):
         k = min(self.top_k, scores.shape[-1])
@@ -62,7 +62,7 @@ class TopPLogitsWarper(LogitsProcessor):
     """
 
     def __init__(self, top_p: float):
-        if not isinstance(top_p, (int, float)) or not 0.0 <= top_p <= 1.0:
+        if not 0.0 <= check_number("top_p", top_p) <= 1.0:
             raise ValueError(f"top_p must be a number in [0, 1], got {top_p!r}")
         self.top_p = float(top_p)
 
@@ -82,9 +82,7 @@ class RepetitionPenaltyLogitsProcessor(LogitsProcessor):
     """
 
     def __init__(self, penalty: float):
-        if not isinstance(penalty, (int, float)) or not penalty > 0:
-            raise ValueError(f"repetition_penalty must be a positive number, got {penalty!r}")
-        self.penalty = float(penalty)
+        self.penalty = check_number("repetition_penalty", penalty, positive=True)
 
     def __call__(self, input_ids, scores):
         seen = torch.gather(scores, 1, input_ids)  # (B, T): the logit of every token seen so far
@@ -95,18 +93,23 @@ class RepetitionPenaltyLogitsProcessor(LogitsProcessor):
 def build_processors(do_sample: bool = False, temperature: float | None = None, top_k: int | None = None,
                      top_p: float | None = None, repetition_penalty: float | None = None) -> LogitsProcessorList:
     """The chain transformers' generate builds, in its order: repetition penalty (also when greedy), then, only
-    when sampling, temperature, top-k, top-p. Neutral values (1.0, 0, None) add no step."""
+    when sampling, temperature, top-k, top-p. Neutral values (1.0, 0, None) add no step. Every value given is
+    checked, sampling or not, by the processor that would use it: a bad one is a ValueError, never ignored."""
+    # Construct every configured processor, even a neutral one or one greedy decoding skips: construction checks.
+    penalty = None if repetition_penalty is None else RepetitionPenaltyLogitsProcessor(repetition_penalty)
+    temperature = None if temperature is None else TemperatureLogitsWarper(temperature)
+    top_k = None if top_k is None or check_int("top_k", top_k, minimum=0) == 0 else TopKLogitsWarper(top_k)
+    top_p = None if top_p is None else TopPLogitsWarper(top_p)
     processors = LogitsProcessorList()
-    if repetition_penalty is not None and repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+    if penalty is not None and penalty.penalty != 1.0:
+        processors.append(penalty)
     if do_sample:
-        # Construct every configured warper, even a neutral one, so a bad value (top_p=1.5) is an error, not ignored.
-        if temperature is not None and TemperatureLogitsWarper(temperature).temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(temperature))
-        if top_k is not None and top_k != 0:
-            processors.append(TopKLogitsWarper(top_k))
-        if top_p is not None and TopPLogitsWarper(top_p).top_p < 1.0:
-            processors.append(TopPLogitsWarper(top_p))
+        if temperature is not None and temperature.temperature != 1.0:
+            processors.append(temperature)
+        if top_k is not None:
+            processors.append(top_k)
+        if top_p is not None and top_p.top_p < 1.0:
+            processors.append(top_p)
     return processors
 
 

@@ -22,7 +22,7 @@ def my_chatml(messages, add_generation_prompt):
     return "".join(parts)
 
 
-# Exercise 2: keep a conversation within `max_tokens`, dropping the oldest messages first.
+# Exercise 2: keep a conversation within `max_tokens`, dropping the oldest exchanges first.
 def my_fit_conversation(chat, messages, max_tokens):
     head = messages[:1] if messages[0]["role"] == "system" and len(messages) > 1 else []
     rest = messages[len(head):]
@@ -34,7 +34,9 @@ def my_fit_conversation(chat, messages, max_tokens):
         if len(rest) == 1:  # only the last message is left besides the system message
             raise ChatTemplateError(f"the system message and the last message alone need {n} tokens, "
                                     f"more than max_tokens={max_tokens}")
-        rest = rest[1:]  # drop the oldest
+        rest = rest[1:]  # drop the oldest message, and the answers after it: keep starting at a question
+        while len(rest) > 1 and rest[0]["role"] != "user":
+            rest = rest[1:]
 
 
 # Exercise 3: left padding by hand.

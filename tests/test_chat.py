@@ -474,6 +474,13 @@ def test_check_fit_conversation(templates):
     def drops_the_system_message(chat, messages, max_tokens):
         return solution(chat, messages[1:], max_tokens)
 
+    def one_message_at_a_time(chat, messages, max_tokens):  # leaves an answer whose question is gone
+        head, rest = messages[:1], messages[1:]
+        while len(chat.encode(head + rest, add_generation_prompt=True)) > max_tokens and len(rest) > 1:
+            rest = rest[1:]
+        return head + rest
+
     assert check_fit_conversation(drops_newest, chat).startswith("wrong: with max_tokens=")
+    assert check_fit_conversation(one_message_at_a_time, chat).startswith("wrong: with max_tokens=")
     assert "raise ChatTemplateError" in check_fit_conversation(never_refuses, chat)
     assert check_fit_conversation(drops_the_system_message, chat).startswith("wrong:")

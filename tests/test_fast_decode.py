@@ -3,9 +3,12 @@
 Speed itself is never tested here (benchmarks/decode.py measures it). What is tested: the head on the last position
 only gives the full forward's last row; the column-by-column weight layout gives the row-by-row layout's tokens;
 hardway.generate (preallocated, last_only prefill, no processors when greedy) gives the naive loop's tokens and
-transformers'; the compiled decode step gives eager's tokens (traced on CPU with the "eager" backend; lowered by
-inductor to CPU code as one graph for every position; with inductor and CUDA graphs when CUDA is present, skipped
-otherwise). Matrices on 2 MB pages keep their values, and the roofline counts their bytes, not their maps'.
+transformers'; the static-shape compiled decode step (lesson 12: a cache seen whole, a mask row, the position as a
+tensor) gives eager's tokens from ONE compiled graph for prompts of several lengths, on GPT-2 and Llama tiny configs
+and the SmolLM2 stand-in (compilations counted by a counting backend around "aot_eager"; lowered once by inductor to
+CPU code; with inductor and CUDA graphs when CUDA is present, skipped otherwise), while lesson 08's growing cache hands
+the compiled graph a new signature at every position. Matrices on 2 MB pages keep their values, and the roofline
+counts their bytes, not their maps'.
 """
 
 import shutil
@@ -15,11 +18,14 @@ import torch
 from transformers import GPT2Config as HFGPT2Config
 from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hardway.fast_decode import (HUGE_PAGE, CompiledDecodeStep, decode_layout, empty_on_huge_pages,
-                                 measure_bandwidth, roofline_tokens_per_s)
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from hardway.fast_decode import (HUGE_PAGE, StaticDecodeStep, StaticKVCache, decode_layout, empty_on_huge_pages,
+                                 measure_bandwidth, roofline_tokens_per_s, teacher_forced_agreement)
 from hardway.generation import generate
 from hardway.loading import load
 from hardway.memory import weight_bytes
+from hardway.timing import time_interleaved
 
 
 @pytest.fixture(scope="module")
@@ -175,52 +181,121 @@ def test_generate_prefills_once_with_last_only_and_reuses_a_given_cache(tiny_mod
         generate(model, ids, 15, kv_cache=cache)  # 6 + 15 > 20
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_compiled_step_traced_on_cpu_gives_eager_tokens(tiny_models, name):
-    """torch.compile's graph capture (dynamo, fullgraph, dynamic shapes) with the eager backend: cheap enough for CI."""
+def counted_step(model, max_len, backend="aot_eager"):
+    """A StaticDecodeStep whose torch.compile backend counts the graphs it is handed (dynamo's compilations)."""
     torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    return StaticDecodeStep(model, max_len=max_len, backend=counter), counter
+
+
+def assert_static_step_gives_eager_tokens(model, vocab, prompt_lengths=(1, 4, 9), new_tokens=12, backend="aot_eager"):
+    """Prompts of several lengths through one StaticDecodeStep: eager's tokens every time, from one compiled graph."""
+    step, counter = counted_step(model, max_len=max(prompt_lengths) + new_tokens, backend=backend)
+    for T in prompt_lengths:
+        ids = prompt(vocab, T=T, seed=T)
+        eager = generate(model, ids, new_tokens, eos_token_id=None)
+        static = step.generate(ids, new_tokens, eos_token_id=None)
+        assert torch.equal(static, eager), f"prompt of {T} tokens: static {static[0, T:].tolist()} != eager {eager[0, T:].tolist()}"
+    assert counter.frame_count == 1, f"{counter.frame_count} compilations for {len(prompt_lengths)} prompt lengths"
+    return step
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_static_step_is_one_graph_with_eager_tokens_on_tiny_models(tiny_models, name):
+    """The static-shape step (a cache seen whole, a mask row, the position as a tensor), traced by dynamo and
+    functionalized by AOTAutograd as inductor would receive it, run without code generation: cheap enough for CI."""
     folder, _ = tiny_models[name]
-    model = load(folder)
-    ids = prompt(100, T=5, seed=2)
-    step = CompiledDecodeStep(model, max_len=5 + 24, backend="eager")
-    eager = generate(model, ids, 24, eos_token_id=None)
-    assert torch.equal(step.generate(ids, 24, eos_token_id=None), eager)
-    assert torch.equal(step.generate(ids, 24, eos_token_id=None), eager)  # the cache is reused: still identical
-    with pytest.raises(ValueError, match="one token at a time"):
-        step(ids, step.kv_cache, 0)
+    step = assert_static_step_gives_eager_tokens(load(folder), vocab=100)
+    assert step.generate(prompt(100, T=4, seed=4), 12, eos_token_id=None).shape == (1, 16)  # a 4th call: still one graph
+
+
+def test_static_step_is_one_graph_with_eager_tokens_on_smollm2_standin():
+    """Real weights, 30 layers: dynamo's graph run as captured ("eager"; AOTAutograd over 30 layers costs minutes)."""
+    from hardway.hub import checkpoint
+
+    model = load(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert_static_step_gives_eager_tokens(model, vocab=model.config.vocab_size, prompt_lengths=(1, 6, 13), new_tokens=8,
+                                          backend="eager")
+
+
+def test_the_growing_cache_gives_a_new_signature_at_every_position(tiny_models):
+    """Why the static cache: compiled with dynamic=True on lesson 08's cache, the graph is called with a different key
+    length (a different int) at every step, and a CUDA graph is recorded per distinct value."""
+    torch._dynamo.reset()
+    signatures = set()
+
+    def recorder(graph_module, example_inputs):
+        def run(*args):
+            signatures.add(tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args))
+            return graph_module(*args)
+        return run
+
+    model = load(tiny_models["llama"][0])
+    ids = prompt(100, T=5)
+    compiled = torch.compile(model, backend=recorder, fullgraph=True, dynamic=True)
+    out = generate(model, ids, 10, eos_token_id=None, decode_step=compiled, kv_cache=model.new_kv_cache(1, 15))
+    assert torch.equal(out, generate(model, ids, 10, eos_token_id=None))
+    assert len(signatures) == 9  # one per one-token step
+
+
+def test_static_kv_cache_writes_at_a_position_tensor_and_returns_every_slot():
+    cache = StaticKVCache(n_layers=2, batch_size=1, max_len=6, n_kv_heads=2, head_dim=3)
+    k, v = torch.randn(1, 2, 2, 3), torch.randn(1, 2, 2, 3)
+    k_all, v_all = cache.update(1, torch.tensor(3), k, v)
+    assert k_all.shape == v_all.shape == (1, 2, 6, 3)  # all max_len slots, whatever the position
+    assert torch.equal(k_all[:, :, 3:5], k) and torch.equal(v_all[:, :, 3:5], v)
+    assert not k_all[:, :, :3].any() and not k_all[:, :, 5:].any() and not cache.k[0].any()
+    k_seen, _ = cache.update(0, 2, k, v)  # an int position: lesson 08's update, a view of the slots written so far
+    assert k_seen.shape == (1, 2, 4, 3) and torch.equal(k_seen[:, :, 2:], k)
+
+
+def test_static_step_rejects_what_it_cannot_run(tiny_models):
+    model = load(tiny_models["llama"][0])
+    step, _ = counted_step(model, max_len=8, backend="eager")
+    with pytest.raises(ValueError, match="one token per row"):
+        step(prompt(100, T=2), step.kv_cache, 0)
     with pytest.raises(ValueError, match="its own kv_cache"):
-        step(ids[:, :1], model.new_kv_cache(1, 8), 0)
+        step(prompt(100, T=1), model.new_kv_cache(1, 8), 0)
+    with pytest.raises(ValueError, match="outside the static cache's 8 slots"):
+        step(prompt(100, T=1), step.kv_cache, 8)
+    with pytest.raises(ValueError, match="kv_cache holds batch 1 x 8"):
+        step.generate(prompt(100, T=5), 4)
+
+
+def test_teacher_forced_agreement_in_fp32_is_total(tiny_models):
+    model = load(tiny_models["gpt2"][0])
+    ids = generate(model, prompt(100, T=5), 10, eos_token_id=None)
+    step, counter = counted_step(model, max_len=15)
+    agreement, delta = teacher_forced_agreement(model, step, ids, prompt_len=5)
+    assert agreement == 1.0 and delta < 1e-4 and counter.frame_count == 1
 
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor's CPU code needs a C++ compiler")
-def test_compiled_step_lowered_by_inductor_on_cpu_is_one_graph_with_eager_tokens(tiny_models):
-    """What the CUDA path compiles, minus the CUDA graphs: inductor's generated code for Llama's one-token step, with the
-    in-place writes into the static cache. One graph must serve every position (no recompile per length)."""
+def test_static_step_lowered_by_inductor_on_cpu_is_one_graph_with_eager_tokens(tiny_models):
+    """What the CUDA path compiles, minus the CUDA graphs: inductor's generated code for Llama's static step, with the
+    in-place index_copy_ into the cache. One graph for prompts of two lengths (the only inductor compile in CI)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    folder, _ = tiny_models["llama"]
-    model = load(folder)
-    ids = prompt(100, T=5, seed=2)
-    step = CompiledDecodeStep(model, max_len=5 + 24, backend="inductor", mode=None)
-    eager = generate(model, ids, 24, eos_token_id=None)
-    assert torch.equal(step.generate(ids, 24, eos_token_id=None), eager)
-    assert torch.equal(step.generate(ids, 24, eos_token_id=None), eager)
+    model = load(tiny_models["llama"][0])
+    step = StaticDecodeStep(model, max_len=7 + 16, backend="inductor", mode=None)
+    for T in (3, 7):
+        ids = prompt(100, T=T, seed=2)
+        assert torch.equal(step.generate(ids, 16, eos_token_id=None), generate(model, ids, 16, eos_token_id=None))
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA-graphs decode step needs CUDA")
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_compiled_cuda_graph_step_gives_eager_tokens_fp32(tiny_models, name):
+def test_static_cuda_graph_step_gives_eager_tokens_fp32(tiny_models, name):
     torch._dynamo.reset()
     folder, _ = tiny_models[name]
     model = load(folder, device="cuda", dtype=torch.float32)
-    ids = prompt(100, T=5, seed=2).cuda()
-    step = CompiledDecodeStep(model, max_len=5 + 32)  # inductor, mode="reduce-overhead"
-    eager = generate(model, ids, 32, eos_token_id=None)
-    for _ in range(3):  # compile + warm-up, record, replay
-        assert torch.equal(step.generate(ids, 32, eos_token_id=None), eager)
+    step = StaticDecodeStep(model, max_len=9 + 32)  # inductor, mode="reduce-overhead"
+    for T in (5, 9, 5):  # compile + warm-up, record, replay; another prompt length, the same graph
+        ids = prompt(100, T=T, seed=2).cuda()
+        assert torch.equal(step.generate(ids, 32, eos_token_id=None), generate(model, ids, 32, eos_token_id=None))
 
 
 def test_roofline_arithmetic(tiny_models):
@@ -230,6 +305,13 @@ def test_roofline_arithmetic(tiny_models):
     assert n_params == 120 * 64 + 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 96 + 2 * 64) + 64
     assert roofline_tokens_per_s(2e9, 20e9) == 10.0
     assert measure_bandwidth("cpu", mib=8, reps=2) > 1e8  # any machine copies faster than 100 MB/s
+
+
+def test_time_interleaved_warms_up_then_times_each_call():
+    calls = []
+    times, outs = time_interleaved({"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, "cpu", reps=3)
+    assert calls == ["a", "b"] * 4 and outs == {"a": 1, "b": 2}  # one warm-up round, then 3 interleaved rounds
+    assert len(times["a"]) == len(times["b"]) == 3 and all(t >= 0 for t in times["a"])
 
 
 def test_llama_1b_standin_config_has_llama_3_2_1bs_parameter_count():
@@ -246,3 +328,22 @@ def test_llama_1b_standin_config_has_llama_3_2_1bs_parameter_count():
         ours = Llama(ModelConfig.from_dict(cfg))
     assert theirs.num_parameters() == 1_235_814_400
     assert sum(p.numel() for p in ours.parameters()) == 1_235_814_400
+
+
+def test_eos_read_every_few_steps_gives_the_same_tokens(tiny_models):
+    """generate asks "has every row finished?" on the host only every `eos_check_every` steps (8 on CUDA: the question
+    waits for the GPU) and cuts the steps that ran after; the output must not depend on how often it asks."""
+    folder, reference = tiny_models["gpt2"]
+    model = load(folder)
+    ids = prompt(100, B=2, T=5, seed=5)
+    free_running = generate(model, ids, 30, eos_token_id=None)  # (2, 35)
+    for eos in ([int(free_running[0, 8]), int(free_running[1, 16])],  # both rows stop, at different steps
+                [int(free_running[0, 8])]):  # maybe only one row stops
+        expected = generate(model, ids, 30, eos_token_id=eos, eos_check_every=1)  # ask at every step
+        with torch.inference_mode():
+            theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False,
+                                        eos_token_id=eos, pad_token_id=eos[0])
+        assert torch.equal(expected, theirs)
+        for every in (2, 3, 8, 64):
+            assert torch.equal(generate(model, ids, 30, eos_token_id=eos, eos_check_every=every), expected), (eos, every)
+    assert generate(model, ids, 30, eos_token_id=[int(free_running[0, 8]), int(free_running[1, 16])]).shape[1] < 35

@@ -153,9 +153,10 @@ def make_handler(hub):
             if resolve_path in hub.slow:
                 pieces = 20
                 for i in range(pieces):
+                    if i:  # pause between pieces, not after the last: done_at is when the client can have it all
+                        time.sleep(hub.slow[resolve_path] / pieces)
                     self.wfile.write(body[i * len(body) // pieces : (i + 1) * len(body) // pieces])
                     self.wfile.flush()
-                    time.sleep(hub.slow[resolve_path] / pieces)
             else:
                 self.wfile.write(body)
             hub.done_at[resolve_path] = time.time()

@@ -11,12 +11,12 @@ import torch
 import hardway.llama as llama_module
 from hardway import cli
 from hardway.generation import generate
-from hardway.hub import checkpoint
+from hardway.hub import checkpoint, shakespeare_path
 from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
 from hardway.verify import (DEFAULT_PROMPT, TOLERANCE, Check, attention_diffs, check_greedy, check_logits,
-                            check_perplexity, eval_text, first_divergent_layer, hidden_state_diffs, load_reference,
-                            perplexity, window_nlls)
+                            check_perplexity, comparison_attention, eval_text, first_divergent_layer,
+                            hidden_state_diffs, load_reference, perplexity, reference_logits, window_nlls)
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GPT2 = "openai-community/gpt2"
@@ -100,9 +100,26 @@ def test_fp32_targets_are_far_tighter_than_the_half_precision_ones(pair):
     ours, theirs, tok = pair
     ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
     assert check_logits(ours, theirs, ids, torch.float32)[1] <= 1e-4
-    text = (Path(checkpoint(SMOLLM2)).parent.parent / "data" / "shakespeare.txt").read_text(encoding="utf-8")
+    text = shakespeare_path().read_text(encoding="utf-8")
     check, a, b = check_perplexity(ours, theirs, torch.tensor(tok.encode(text[:6000])), window=256, stride=128)
     assert abs(perplexity(a) - perplexity(b)) / perplexity(b) <= 1e-4, check.measured
+
+
+def test_half_precision_logits_are_held_to_transformers_own_distance_from_fp32(pair):
+    """bf16: ours may be no further from transformers' fp32 logits than transformers' bf16 logits are. Our model
+    passes; the same model with its final norm 1% off (the logits 1% larger) fails."""
+    tok = pair[2]
+    folder = checkpoint(SMOLLM2)
+    ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
+    reference = reference_logits(folder, ids)  # (1, vocab) fp32
+    ours, theirs = load(folder, dtype=torch.bfloat16), load_reference(folder, dtype=torch.bfloat16)
+    with comparison_attention():
+        check, _ = check_logits(ours, theirs, ids, torch.bfloat16, reference)
+        assert check.passed and "hardway" in check.measured and "transformers" in check.measured, check.measured
+        with torch.no_grad():
+            ours.final_norm.weight.mul_(1.01)
+        broken, _ = check_logits(ours, theirs, ids, torch.bfloat16, reference)
+    assert not broken.passed, broken.measured
 
 
 def test_a_broken_model_fails_the_ritual_and_the_diagnostics_name_the_layer(pair, monkeypatch):
@@ -147,9 +164,10 @@ def test_generate_streams_the_greedy_text(pair, capsys):
     prompt = "The capital of France is"
     assert cli.main(["generate", "--model", str(checkpoint(SMOLLM2)), "--device", "cpu", "--max-new-tokens", "12", prompt]) == 0
     expected = generate(ours, torch.tensor([tok.encode(prompt)]), max_new_tokens=12)
-    streamed = capsys.readouterr().out
-    assert streamed.endswith(tok.decode(expected[0, len(tok.encode(prompt)):].tolist()) + "\n")
-    assert streamed.startswith(prompt)
+    captured = capsys.readouterr()
+    streamed = captured.out  # the generated text alone; the echoed prompt goes to stderr
+    assert streamed == tok.decode(expected[0, len(tok.encode(prompt)):].tolist()) + "\n"
+    assert prompt in captured.err
 
 
 def test_bad_model_argument_is_one_clear_line(capsys):

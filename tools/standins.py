@@ -204,6 +204,29 @@ The real 128,256-token Llama 3.2 tokenizer (tokenizer.json, tokenizer_config.jso
 """)
 
 
+def random_llama_weights(config_dict: dict, seed: int = 0, device="cpu") -> dict:
+    """{hub name: bf16 tensor on `device`} for a Llama config.json dict: transformers' initialisation, normal(0,
+    initializer_range) from a generator seeded with `seed` on `device`, norms 1, no lm_head when the head is tied
+    (the hub's files have none). benchmarks/gpu_check.py builds Llama-3.2-1B's on the GPU with it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    with torch.device("meta"):  # names and shapes only
+        shapes = {name: t.shape for name, t in LlamaForCausalLM(config).state_dict().items()}
+    generator = torch.Generator(device).manual_seed(seed)
+    tensors = {}
+    for name, shape in shapes.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # tied to embed_tokens
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(shape, dtype=torch.bfloat16, device=device)
+        else:  # transformers' initialisation: normal(0, initializer_range)
+            std = config.initializer_range
+            tensors[name] = (torch.randn(shape, generator=generator, device=device) * std).to(torch.bfloat16)
+    return tensors
+
+
 def build_llama_1b(out: Path, cache: Path) -> None:
     """Llama-3.2-1B's architecture with seeded random weights, for speed: batch-1 decoding reads every weight once per
     token whatever its value, so tok/s on these weights is tok/s on the real ones (the text is gibberish)."""
@@ -211,22 +234,9 @@ def build_llama_1b(out: Path, cache: Path) -> None:
     if done(folder):
         return
     build_llama_tokenizer(out, cache)  # its tokenizer (already there when the default stand-ins are)
-    import torch
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{k: v for k, v in LLAMA_1B_CONFIG.items() if k not in ("architectures", "model_type", "torch_dtype")})
-    with torch.device("meta"):  # names and shapes only
-        shapes = {name: t.shape for name, t in LlamaForCausalLM(config).state_dict().items()}
-    generator = torch.Generator().manual_seed(0)
-    tensors = {}
-    for name, shape in shapes.items():
-        if name == "lm_head.weight":
-            continue  # tied to embed_tokens: the hub's file has no lm_head either
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
-        else:  # transformers' initialisation: normal(0, initializer_range)
-            tensors[name] = (torch.randn(shape, generator=generator) * config.initializer_range).to(torch.bfloat16)
+    tensors = random_llama_weights(LLAMA_1B_CONFIG)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(LLAMA_1B_CONFIG, indent=2) + "\n")
