@@ -13,7 +13,7 @@ numbers whatever they are. What it runs, in order, one model pair on the device 
    then hardway's static-shape compiled step against its own eager decoding: tokens must be identical.
 2. fp16 and bf16, eager, with one SDPA backend pinned for both sides (hardway.verify.comparison_attention): greedy
    tokens identical to transformers', the last-token logits no further from fp32 than transformers' own, perplexity.
-3. bf16, the speed target (32-token prompt, 128 new tokens, batch 1): transformers' generate, hardway.generate and
+3. bf16 speed (32-token prompt, 128 new tokens, batch 1): transformers' generate, hardway.generate and
    the compiled step, timed like benchmarks/decode.py (a full-length warm-up, interleaved runs, CUDA events,
    medians); compile time, CUDA graphs recorded, recompilations; compiled vs eager teacher-forced (half precision
    rounds differently once inductor fuses ops); the roofline from a copy bandwidth measured in the same run; peak

@@ -6,7 +6,7 @@
 Both sides memory-map the file and return CPU tensors; both results must be equal, tensor by tensor. By default a load
 is timed as such (mapping + building the tensors); `--touch` also reads every byte (sums each tensor), so lazy mapping
 cannot hide the I/O. Warm-up, several repetitions, medians; the file is in the page cache after the warm-up. The last
-line is the ratio hardway / safetensors (time: lower is better; the target is ≤ 1.2).
+line is the ratio hardway / safetensors (time: lower is better).
 """
 
 from __future__ import annotations

@@ -133,8 +133,7 @@ def main() -> None:
     end_to_end = statistics.median(tps[8]) / statistics.median(tps[1])
     print(f"end to end (prefills and waiting included), 8 clients / 1 client: {end_to_end:.2f}x")
     ratio = statistics.median(decode[8]) / statistics.median(decode[1])
-    print(f"aggregate decode throughput, 8 clients / 1 client: {ratio:.2f}x (target >= 4x: "
-          f"{'met' if ratio >= 4 else 'NOT met'})")
+    print(f"aggregate decode throughput, 8 clients / 1 client: {ratio:.2f}x")
 
 
 if __name__ == "__main__":
