@@ -217,7 +217,9 @@ SPECIAL_TEXTS = ["no special token here", "<|endoftext|>", "The end.<|endoftext|
 
 def _tokenizers_twin(tokenizer, special_tokens: list[str]) -> Tokenizer:
     """tokenizers' BPE with the vocabulary and merges of our GPT2Tokenizer, and these special tokens added."""
-    spell = lambda token: "".join(BYTE_TO_UNICODE[b] for b in token)  # noqa: E731
+    def spell(token: bytes) -> str:  # as vocab.json and merges.txt spell it
+        return "".join(BYTE_TO_UNICODE[b] for b in token)
+
     vocab = {spell(token): i for token, i in tokenizer.encoder.items()}
     merges = [(spell(tokenizer.decoder[a]), spell(tokenizer.decoder[b]))
               for (a, b), _ in sorted(tokenizer.merges.items(), key=lambda item: item[1][0])]
@@ -256,6 +258,37 @@ import torch
 from transformers.generation import logits_process as hf_processors
 
 
+def check_token_logprobs(my_token_logprobs, reference, input_ids) -> str:
+    """Exercise 1: my_token_logprobs(scores (B, n, V), tokens (B, n)) -> (B, n), as transformers'
+    compute_transition_scores(sequences, scores, normalize_logits=True), on a greedy and a sampled generate."""
+    if my_token_logprobs is None:
+        return "not attempted yet: set my_token_logprobs to your function"
+    n = 6
+    runs = {"greedy": dict(do_sample=False), "sampled with top_k=20": dict(do_sample=True, top_k=20, temperature=0.8)}
+    for run, settings in runs.items():
+        torch.manual_seed(0)
+        with torch.inference_mode():
+            out = reference.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n,
+                                     eos_token_id=None, pad_token_id=0, output_scores=True,
+                                     return_dict_in_generate=True, **settings)
+            expected = reference.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)  # (B, n)
+        scores, tokens = torch.stack(out.scores, dim=1), out.sequences[:, -n:]  # (B, n, V), (B, n)
+        try:
+            got = my_token_logprobs(scores.clone(), tokens.clone())
+        except NotImplementedError:
+            return "not attempted yet: my_token_logprobs raises NotImplementedError"
+        except Exception as e:
+            return f"wrong: {run}: your function raised {e!r}"
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            return f"wrong: {run}: expected shape {tuple(expected.shape)}, got {tuple(getattr(got, 'shape', ()))}"
+        delta = (got.float() - expected).abs()  # (B, n)
+        if not delta.max() <= 1e-5:
+            step = int(delta.max(dim=0).values.argmax())
+            return (f"wrong: {run}: at step {step} expected {expected[0, step].item():.5f}, got "
+                    f"{got[0, step].item():.5f}; max |Δ| {delta.max().item():.3g}")
+    return f"right: log-probabilities of {n} chosen tokens equal to compute_transition_scores, greedy and sampled"
+
+
 def _compare_processor(ours, theirs, input_ids, scores, setting: str) -> str | None:
     """None if the processor `ours` gives exactly what transformers' `theirs` gives (and leaves `scores` alone)."""
     before = scores.clone()
@@ -290,7 +323,7 @@ def _min_p_scores() -> torch.Tensor:
 
 
 def check_min_p(MyMinP) -> str:
-    """Exercise 1: MyMinP(min_p) filters exactly as transformers' MinPLogitsWarper(min_p)."""
+    """Exercise 2: MyMinP(min_p) filters exactly as transformers' MinPLogitsWarper(min_p)."""
     if MyMinP is None:
         return "not attempted yet: set MyMinP to your class"
     scores = _min_p_scores()
@@ -317,7 +350,7 @@ def _ngram_ids() -> torch.Tensor:
 
 
 def check_no_repeat_ngram(MyNoRepeatNGram) -> str:
-    """Exercise 2: MyNoRepeatNGram(n) bans exactly what transformers' NoRepeatNGramLogitsProcessor(n) bans."""
+    """Exercise 3: MyNoRepeatNGram(n) bans exactly what transformers' NoRepeatNGramLogitsProcessor(n) bans."""
     if MyNoRepeatNGram is None:
         return "not attempted yet: set MyNoRepeatNGram to your class"
     ids = _ngram_ids()

@@ -8,7 +8,13 @@ import torch
 from hardway.sampling import LogitsProcessor
 
 
-# Exercise 1: min-p, as transformers' MinPLogitsWarper.
+# Exercise 1: the log-probability of each chosen token.
+def my_token_logprobs(scores, tokens):
+    logprobs = scores.log_softmax(dim=-1)  # (B, n, V): normalize over the vocabulary, at each step
+    return logprobs.gather(-1, tokens[..., None]).squeeze(-1)  # (B, n): the chosen token's entry
+
+
+# Exercise 2: min-p, as transformers' MinPLogitsWarper.
 class MyMinP(LogitsProcessor):
     def __init__(self, min_p):
         self.min_p = min_p
@@ -21,7 +27,7 @@ class MyMinP(LogitsProcessor):
         return scores.masked_fill(remove, float("-inf"))  # (B, V)
 
 
-# Exercise 2: no repeated n-grams, as transformers' NoRepeatNGramLogitsProcessor.
+# Exercise 3: no repeated n-grams, as transformers' NoRepeatNGramLogitsProcessor.
 class MyNoRepeatNGram(LogitsProcessor):
     def __init__(self, ngram_size):
         self.n = ngram_size
@@ -38,3 +44,4 @@ class MyNoRepeatNGram(LogitsProcessor):
                 if ids[start:start + self.n - 1] == prefix:
                     banned[b, ids[start + self.n - 1]] = True
         return scores.masked_fill(banned, float("-inf"))  # (B, V)
+

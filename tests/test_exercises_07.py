@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hardway.exercises import check_min_p, check_no_repeat_ngram
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hardway.exercises import check_min_p, check_no_repeat_ngram, check_token_logprobs
 from hardway.sampling import LogitsProcessor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +21,29 @@ def solution():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_check_token_logprobs(solution):
+    torch.manual_seed(0)  # a small random GPT-2 is enough: the check only needs transformers' generate and scores
+    reference = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64)).eval()
+    input_ids = torch.tensor([[464, 2068, 7586, 21831, 18045]])  # (1, 5) "The quick brown fox jumps"
+    assert check_token_logprobs(None, reference, input_ids).startswith("not attempted yet")
+    assert check_token_logprobs(solution.my_token_logprobs, reference, input_ids).startswith("right")
+
+    def probabilities(scores, tokens):  # forgets the log
+        return scores.softmax(dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+    def raw_scores(scores, tokens):  # forgets to normalize: the logit, not a log-probability
+        return scores.gather(-1, tokens[..., None]).squeeze(-1)
+
+    def next_token(scores, tokens):  # off by one: step t's distribution scored on step t + 1's token
+        return solution.my_token_logprobs(scores, tokens.roll(-1, dims=1))
+
+    def over_steps(scores, tokens):  # log_softmax over the steps instead of the vocabulary
+        return scores.log_softmax(dim=1).gather(-1, tokens[..., None]).squeeze(-1)
+
+    for wrong in (probabilities, raw_scores, next_token, over_steps):
+        assert check_token_logprobs(wrong, reference, input_ids).startswith("wrong: greedy: at step"), wrong.__name__
 
 
 def test_check_min_p(solution):
