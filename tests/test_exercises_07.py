@@ -1,0 +1,107 @@
+"""Lesson 07's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
+plausible wrong answers."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hardway.exercises import check_min_p, check_no_repeat_ngram, check_token_logprobs
+from hardway.sampling import LogitsProcessor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def solution():
+    spec = importlib.util.spec_from_file_location("solutions_07", ROOT / "solutions" / "07_generation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_token_logprobs(solution):
+    torch.manual_seed(0)  # a small random GPT-2 is enough: the check only needs transformers' generate and scores
+    reference = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64)).eval()
+    input_ids = torch.tensor([[464, 2068, 7586, 21831, 18045]])  # (1, 5) "The quick brown fox jumps"
+    assert check_token_logprobs(None, reference, input_ids).startswith("not attempted yet")
+    assert check_token_logprobs(solution.my_token_logprobs, reference, input_ids).startswith("right")
+
+    def probabilities(scores, tokens):  # forgets the log
+        return scores.softmax(dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+    def raw_scores(scores, tokens):  # forgets to normalize: the logit, not a log-probability
+        return scores.gather(-1, tokens[..., None]).squeeze(-1)
+
+    def next_token(scores, tokens):  # off by one: step t's distribution scored on step t + 1's token
+        return solution.my_token_logprobs(scores, tokens.roll(-1, dims=1))
+
+    def over_steps(scores, tokens):  # log_softmax over the steps instead of the vocabulary
+        return scores.log_softmax(dim=1).gather(-1, tokens[..., None]).squeeze(-1)
+
+    for wrong in (probabilities, raw_scores, next_token, over_steps):
+        assert check_token_logprobs(wrong, reference, input_ids).startswith("wrong: greedy: at step"), wrong.__name__
+
+
+def test_check_min_p(solution):
+    assert check_min_p(None).startswith("not attempted yet")
+    assert check_min_p(solution.MyMinP).startswith("right")
+
+    class NotYet(LogitsProcessor):
+        def __init__(self, min_p):
+            raise NotImplementedError
+
+    class Absolute(solution.MyMinP):  # compares with min_p itself, not min_p times the top probability
+        def __call__(self, input_ids, scores):
+            probs = scores.softmax(dim=-1)
+            remove = (probs < self.min_p).scatter(1, probs.argmax(dim=-1, keepdim=True), False)
+            return scores.masked_fill(remove, float("-inf"))
+
+    class LessOrEqual(solution.MyMinP):  # <= drops the tokens tied with the top one (all but one of them)
+        def __call__(self, input_ids, scores):
+            probs = scores.softmax(dim=-1)
+            remove = probs <= self.min_p * probs.amax(dim=-1, keepdim=True)
+            remove = remove.scatter(1, probs.argmax(dim=-1, keepdim=True), False)
+            return scores.masked_fill(remove, float("-inf"))
+
+    class ZeroNotInf(solution.MyMinP):  # "removes" a token with score 0: it can still be drawn
+        def __call__(self, input_ids, scores):
+            out = super().__call__(input_ids, scores)
+            return out.masked_fill(torch.isinf(out), 0.0)
+
+    class InPlace(solution.MyMinP):
+        def __call__(self, input_ids, scores):
+            scores.copy_(super().__call__(input_ids, scores))
+            return scores
+
+    assert check_min_p(NotYet).startswith("not attempted yet")
+    assert check_min_p(Absolute).startswith("wrong: with min_p=0.01")
+    verdict = check_min_p(LessOrEqual)
+    assert verdict.startswith("wrong: with min_p=") and "row 3" in verdict
+    assert check_min_p(ZeroNotInf).startswith("wrong:")
+    assert "in place" in check_min_p(InPlace)
+
+
+def test_check_no_repeat_ngram(solution):
+    assert check_no_repeat_ngram(None).startswith("not attempted yet")
+    assert check_no_repeat_ngram(solution.MyNoRepeatNGram).startswith("right")
+
+    class PrefixOfN(solution.MyNoRepeatNGram):  # matches the last n tokens instead of n - 1: bans too late
+        def __init__(self, ngram_size):
+            super().__init__(ngram_size + 1)
+
+    class FirstRowOnly(solution.MyNoRepeatNGram):  # row 0's bans for every row
+        def __call__(self, input_ids, scores):
+            banned = torch.isinf(super().__call__(input_ids[:1], scores[:1]))  # (1, V)
+            return scores.masked_fill(banned.expand_as(scores), float("-inf"))
+
+    class NothingWhenShort(solution.MyNoRepeatNGram):  # waits for n + 1 tokens before banning anything
+        def __call__(self, input_ids, scores):
+            return scores if input_ids.shape[1] <= self.n else super().__call__(input_ids, scores)
+
+    assert check_no_repeat_ngram(PrefixOfN).startswith("wrong: with ngram_size=1")
+    assert check_no_repeat_ngram(FirstRowOnly).startswith("wrong:")
+    assert "after 1 tokens" in check_no_repeat_ngram(NothingWhenShort)
