@@ -64,7 +64,7 @@ def test_check_half_split_to_interleaved_rows(solutions):
 
     for wrong in (lambda w, n: w, other_direction, across_heads, pairs_swapped):
         verdict = check(wrong)
-        assert verdict.startswith("wrong: the attention scores"), verdict
+        assert verdict.startswith("wrong: the score tensor"), verdict
     assert "shape" in check(lambda w, n: w.T)
 
 
