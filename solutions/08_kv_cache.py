@@ -39,3 +39,11 @@ class MySlidingWindowCache:
         end = start_pos + T
         kept = torch.arange(max(0, end - self.window), end)  # the positions to return, oldest first
         return self.k[layer_idx, :, :, kept % self.window], self.v[layer_idx, :, :, kept % self.window]
+
+
+if __name__ == "__main__":  # exercise 2's questions about Llama 3 70B
+    llama_3_70b = {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8}
+    for name, config in (("GQA, 8 KV heads", llama_3_70b), ("MHA, 64 KV heads", {**llama_3_70b,
+                                                                                 "num_key_value_heads": 64})):
+        per_token = my_kv_bytes_per_token(config, 2)  # bf16
+        print(f"Llama 3 70B, {name}: {per_token:,} B/token, {per_token * 8192 / 2**30:.1f} GiB for 8192 tokens")

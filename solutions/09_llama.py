@@ -45,3 +45,9 @@ def my_parameter_count(config):
     embedding = config["vocab_size"] * C
     head = 0 if config.get("tie_word_embeddings", False) else config["vocab_size"] * C
     return embedding + L * per_layer + C + head  # + the final norm
+
+
+if __name__ == "__main__":  # exercise 4's last question
+    llama_3_2_1b = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
+    print(f"Llama 3.2 1B: {my_parameter_count(llama_3_2_1b):,} parameters")
