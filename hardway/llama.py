@@ -179,6 +179,24 @@ def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
+def apply_rope_interleaved(x, cos, sin):
+    """RoPE as RoFormer and Meta's original code write it: pair i is dimensions (2i, 2i+1), rotated by θ_i.
+
+    x (..., T, d); cos, sin: the (T, d) tensors RotaryEmbedding returns (half-split layout), whose first d/2 columns
+    are the angles of pairs 0..d/2-1. Hub checkpoints need apply_rope instead, or rows permuted within each head
+    of q_proj and k_proj by interleave_permutation(d).argsort() (lesson 11 breaks a model this way on purpose)."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]  # (T, d/2): one angle per pair
+    a, b = x[..., 0::2], x[..., 1::2]  # (..., T, d/2) each: pair i = (x[2i], x[2i+1])
+    return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)  # (..., T, d/2, 2) -> (..., T, d)
+
+
+def interleave_permutation(head_dim: int) -> torch.Tensor:
+    """perm (head_dim,) = [0, 2, 4, ..., 1, 3, 5, ...]: x_half = x_interleaved[..., perm] takes a head's dimensions
+    from the interleaved layout (pairs (2i, 2i+1)) to the half-split one (pairs (i, i + d/2)); perm.argsort() back."""
+    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+
+
 def repeat_kv(x, n_rep: int):
     """(B, n_kv_heads, S, d) → (B, n_kv_heads * n_rep, S, d): each key/value head serves n_rep query heads."""
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
