@@ -473,7 +473,7 @@ def check_kv_bytes_per_token(my_kv_bytes_per_token) -> str:
     return f"right: all {len(KV_CONFIGS)} configs, in bf16 and fp32, as transformers' model would cache them"
 
 
-def _tensor_bytes(obj) -> int:
+def _storage_bytes(obj) -> int:
     """Bytes of the tensor storage an object holds: in its attributes, their attributes, lists, tuples and dicts."""
     storages, seen, todo = {}, set(), [obj]
     while todo:
@@ -519,7 +519,7 @@ def check_sliding_window_cache(MySlidingWindowCache) -> str:
             if problem:
                 return problem + f" (expected positions {keep.start}..{keep.stop - 1}, oldest first)"
     limit = 2 * n_layers * B * window * H * d * torch.float32.itemsize  # keys and values, window slots per layer
-    held = _tensor_bytes(made)
+    held = _storage_bytes(made)
     if held == 0:
         return "wrong: the values are right, but no tensor was found in your cache's attributes: where are the slots?"
     if held > limit:

@@ -1,5 +1,6 @@
 """The exporter itself: directives, module routing, the header, stale-module detection."""
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -60,3 +61,14 @@ def test_export_before_default_exp_is_an_error(project):
     (project / "notebooks" / "01_a.ipynb").write_text(json.dumps(_nb("#| export\nx = 1")))
     with pytest.raises(SystemExit, match="before any"):
         export.exported_modules()
+
+
+def test_no_generated_module_defines_a_name_twice():
+    """Several lessons build one module (lessons 03-06 build gpt2.py, lessons 01-12 exercises.py): a later lesson's
+    function with an earlier one's name would silently replace it."""
+    twice = []
+    for path in sorted(export.PACKAGE.glob("*.py")):
+        names = [node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        twice += [f"{path.name}: {name}" for name in sorted(set(names)) if names.count(name) > 1]
+    assert not twice, f"defined twice: {twice}"
