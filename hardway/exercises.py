@@ -137,6 +137,37 @@ def check_sliding_window_mask(my_sliding_window_mask) -> str:
     return "right: equal to transformers' sliding-window causal mask, and to causal_mask for a wide window"
 
 
+def check_split_heads(my_split_heads, tensors: dict, config) -> str:
+    """Exercise 3 (lesson 04): my_split_heads(c_attn_weight [C, 3C], c_attn_bias, x, n_head) -> q, k, v each
+    (B, H, T, d), against CausalSelfAttention.qkv holding layer 0's weights of the checkpoint `tensors`."""
+    from hardway.gpt2 import CausalSelfAttention
+
+    if my_split_heads is None:
+        return "not attempted yet: set my_split_heads to your function"
+    g = torch.Generator().manual_seed(0)
+    weight = tensors["h.0.attn.c_attn.weight"]  # (C, 3C), [in, out]
+    bias = tensors["h.0.attn.c_attn.bias"] + torch.randn(3 * config.n_embd, generator=g)  # (3C,): never all zeros
+    attn = CausalSelfAttention(config).eval()
+    with torch.no_grad():
+        attn.c_attn.weight.copy_(weight.T)  # nn.Linear holds [out, in]
+        attn.c_attn.bias.copy_(bias)
+        x = torch.randn(2, 5, config.n_embd, generator=g)  # (B, T, C)
+        expected = attn.qkv(x)  # q, k, v: each (B, H, T, d)
+        try:
+            got = my_split_heads(weight.clone(), bias.clone(), x.clone(), config.n_head)
+        except NotImplementedError:
+            return "not attempted yet: my_split_heads raises NotImplementedError"
+        except Exception as e:
+            return f"wrong: my_split_heads raised {e!r}"
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return "wrong: return the three tensors (q, k, v)"
+    for name, g, want in zip("qkv", got, expected):
+        verdict = _tensor_verdict(name, g, want, atol=1e-4)
+        if verdict:
+            return verdict + "  (x @ W + b, split into q | k | v columns, then (B, T, H, d) -> (B, H, T, d))"
+    return f"right: q, k and v of all {config.n_head} heads equal CausalSelfAttention.qkv's"
+
+
 # ---- lesson 05: the transformer block
 import torch
 import torch.nn as nn

@@ -20,3 +20,12 @@ def my_sliding_window_mask(T, S, window):
     query_pos = (S - T + torch.arange(T))[:, None]  # (T, 1)
     key_pos = torch.arange(S)[None, :]  # (1, S)
     return (key_pos <= query_pos) & (key_pos > query_pos - window)  # (T, S)
+
+
+# Exercise 3: q, k, v per head straight from the file's [in, out] c_attn matrix.
+def my_split_heads(c_attn_weight, c_attn_bias, x, n_head):
+    B, T, C = x.shape
+    d = C // n_head
+    qkv = x @ c_attn_weight + c_attn_bias  # (B, T, C) @ (C, 3C) + (3C,) -> (B, T, 3C)
+    q, k, v = qkv.split(C, dim=-1)  # each (B, T, C)
+    return tuple(t.view(B, T, n_head, d).transpose(1, 2) for t in (q, k, v))  # each (B, H, T, d)
