@@ -3,7 +3,6 @@
 # ---- lesson 03: embeddings
 # Every check returns one line: "not attempted yet: ...", "right: ..." or "wrong: <what differs>".
 import torch
-import torch.nn.functional as F
 
 
 def _tensor_verdict(name: str, got, expected: torch.Tensor, atol: float = 0.0) -> str | None:
