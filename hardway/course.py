@@ -3,7 +3,7 @@
 """Choices the Llama lessons (10, 11, 12) share: which checkpoint to run."""
 from hardway.hub import HubError, checkpoint, models_dir
 
-LLAMA_ID = "meta-llama/Llama-3.2-1B"      # the course's target (gated: accept the license, set HF_TOKEN)
+LLAMA_ID = "meta-llama/Llama-3.2-1B"      # the Llama lessons' model (gated: accept the license, set HF_TOKEN)
 FALLBACK_ID = "HuggingFaceTB/SmolLM2-1.7B"  # ungated, the same architecture
 STANDIN_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the offline stand-in: real weights, 135M parameters
 
