@@ -52,6 +52,7 @@ def check_find_broken_layer(my_find_broken_layer, ours, theirs, input_ids) -> st
         return "not attempted yet: set my_find_broken_layer to your function"
     n = len(ours.blocks)
     for broken in (None, 0, n // 2, n - 1):
+        which = "no layer" if broken is None else f"layer {broken}"
         mlp = ours.blocks[broken].mlp if broken is not None else None
         if mlp is not None:
             mlp.gate_proj.weight, mlp.up_proj.weight = mlp.up_proj.weight, mlp.gate_proj.weight
@@ -60,7 +61,7 @@ def check_find_broken_layer(my_find_broken_layer, ours, theirs, input_ids) -> st
         except NotImplementedError:
             return "not attempted yet: my_find_broken_layer raises NotImplementedError"
         except Exception as e:
-            return f"wrong: with {'no layer' if broken is None else f'layer {broken}'} broken, your function raised {e!r}"
+            return f"wrong: with {which} broken, your function raised {e!r}"
         finally:
             if mlp is not None:
                 mlp.gate_proj.weight, mlp.up_proj.weight = mlp.up_proj.weight, mlp.gate_proj.weight
@@ -71,7 +72,7 @@ def check_find_broken_layer(my_find_broken_layer, ours, theirs, input_ids) -> st
                         "large; measure each position against its own size (exercise 1)")
             elif got == broken + 1:
                 hint = ": off by one. Hidden state i + 1 is the output of layer i; hidden state 0 is the embeddings"
-            return f"wrong: with {'no layer' if broken is None else f'layer {broken}'} broken you answered {got!r}{hint}"
+            return f"wrong: with {which} broken you answered {got!r}{hint}"
     return f"right: found layers 0, {n // 2} and {n - 1} when broken, and none when nothing was"
 
 

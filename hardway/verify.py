@@ -299,6 +299,21 @@ def attention_diffs(ours: CausalLM, theirs, input_ids, layer: int = 0) -> dict[s
     return diffs
 
 
+def diagnosis(diffs: HiddenStateDiffs, tol: float, layer0: dict[str, float]) -> str:
+    """The diagnostics line of the report: the first divergent layer (relative divergence above tol), or that none
+    is, with the largest max |Δ| beside it; then layer 0's attention_diffs."""
+    n_layers = len(diffs.layers) - 1
+    first = first_divergent_layer(diffs.relative, tol)
+    big = max(range(len(diffs.absolute)), key=diffs.absolute.__getitem__)  # the stage with the largest max |Δ|
+    if first is None:
+        verdict = (f"no layer diverges (relative divergence ≤ {tol:g}; largest {max(diffs.relative):.2g}; largest "
+                   f"max |Δ| {diffs.absolute[big]:.2g}, at {layer_name(diffs.layers[big], n_layers)})")
+    else:
+        verdict = (f"first divergent layer: {layer_name(first, n_layers)} (relative divergence "
+                   f"{diffs.relative[first + 1]:.2g} > {tol:g})")
+    return verdict + "; layer 0 max |Δ|: " + ", ".join(f"{k} {v:.2g}" for k, v in layer0.items())
+
+
 def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, new_tokens=50,
                max_eval_tokens=None, window=None, stride=None, out_dir=None, text_file=None,
                report: Callable[[list[Check]], None] | None = None) -> list[Check]:
@@ -351,21 +366,6 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
     draw_hidden_state_diffs(diffs, tol, fig.subplots(1, 2), title=f"{folder.name}, {str(dtype)[6:]}: ")
     fig.savefig(out / "hidden_states.png", dpi=100, bbox_inches="tight")
     return checks
-
-
-def diagnosis(diffs: HiddenStateDiffs, tol: float, layer0: dict[str, float]) -> str:
-    """The diagnostics line of the report: the first divergent layer (relative divergence above tol), or that none
-    is, with the largest max |Δ| beside it; then layer 0's attention_diffs."""
-    n_layers = len(diffs.layers) - 1
-    first = first_divergent_layer(diffs.relative, tol)
-    big = max(range(len(diffs.absolute)), key=diffs.absolute.__getitem__)  # the stage with the largest max |Δ|
-    if first is None:
-        verdict = (f"no layer diverges (relative divergence ≤ {tol:g}; largest {max(diffs.relative):.2g}; largest "
-                   f"max |Δ| {diffs.absolute[big]:.2g}, at {layer_name(diffs.layers[big], n_layers)})")
-    else:
-        verdict = (f"first divergent layer: {layer_name(first, n_layers)} (relative divergence "
-                   f"{diffs.relative[first + 1]:.2g} > {tol:g})")
-    return verdict + "; layer 0 max |Δ|: " + ", ".join(f"{k} {v:.2g}" for k, v in layer0.items())
 
 
 def format_report(checks: list[Check]) -> str:
