@@ -247,7 +247,7 @@ def draw_hidden_state_diffs(diffs: HiddenStateDiffs, tol: float, axes, title: st
     threshold `tol` the diagnostics use)."""
     for ax, values, label in ((axes[0], diffs.absolute, "max |Δ|"), (axes[1], diffs.relative, "relative divergence")):
         ax.semilogy(diffs.layers, [max(v, 1e-12) for v in values], marker="o")  # 0 drawn at 1e-12: log scale
-        ax.set_xlabel("layer (-1: embeddings; last: after the final norm)")
+        ax.set_xlabel("output of layer (-1: the embeddings; the last after the final norm)")
         ax.set_ylabel(label)
         ax.set_title(f"{title}{label}")
     axes[1].axhline(tol, color="red", linestyle=":", label=f"threshold {tol:g}")
