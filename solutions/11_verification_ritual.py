@@ -5,7 +5,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 
 import torch
 
-from hardway.verify import TOLERANCE, first_divergent_layer, hidden_state_diffs
+from hardway.verify import TOLERANCE, attention_diffs, first_divergent_layer, hidden_state_diffs
 
 
 # Exercise 1: each position's error against its own size, in fp32.
@@ -21,12 +21,17 @@ def my_find_broken_layer(model, reference, input_ids):
     return first_divergent_layer(relative, tol)  # already a layer number: stage i + 1 -> layer i
 
 
-# Exercise 3: ε added after the square root, not under it.
-def my_rmsnorm_eps_after_sqrt(x, weight, eps):
-    return weight * (x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps))  # (..., C)
-
-
-# What the ritual measures with it in every norm (fp32, SmolLM2-135M, the lesson's prompt): ε = 1e-5 next to √mean(x²)
-# changes every hidden state by ~1e-4 relative from layer 0 on (above the 1e-4 bar, barely), the logits by ~1e-3,
-# far above check 2's 1e-4, and yet not enough to flip one of the first 10 greedy tokens.
-my_prediction = {"first_divergent_layer": 0, "greedy_tokens_identical": True, "logits_check_passes": False}
+# Exercise 3: the signatures of the five causes, most telling first.
+def my_diagnose(model, reference, input_ids):
+    diffs = hidden_state_diffs(model, reference, input_ids)
+    layer0 = attention_diffs(model, reference, input_ids, layer=0)  # max |Δ| of q, k, v, probabilities
+    tol = TOLERANCE[torch.float32].hidden_state
+    if max(diffs.relative) < 1e-2:  # small everywhere, from layer 0 on: a norm slightly off
+        return "RMSNorm epsilon placement"
+    if layer0["v"] > tol:  # v is wrong: the input of attention is, so a weight (the norm's) is in the wrong place
+        return "weight-name map"
+    if layer0["q"] > tol:  # q and k wrong, v right: only RoPE touches q and k alone
+        return "RoPE convention"
+    if diffs.per_position[1, -1] <= tol:  # q, k, v right; layer 0 right at the last position only: it sees all anyway
+        return "causal mask"
+    return "GQA broadcasting"  # q, k, v right, every position wrong: the heads read the wrong KV head

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hardway.exercises import check_find_broken_layer, check_misplaced_eps, check_relative_divergence
+from hardway.exercises import check_diagnosis, check_find_broken_layer, check_relative_divergence
 from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
@@ -80,31 +80,29 @@ def test_check_find_broken_layer(pair):
     assert solution(ours, theirs, ids) is None
 
 
-def test_check_misplaced_eps(pair):
+def test_check_diagnosis(pair):
     ours, theirs, ids = pair
-    s = _solutions()
-    assert check_misplaced_eps(None, None, ours, theirs, ids).startswith("not attempted yet")
-    assert check_misplaced_eps(s.my_rmsnorm_eps_after_sqrt, None, ours, theirs, ids).startswith(
-        "not attempted yet: your RMSNorm is right")
-    assert check_misplaced_eps(s.my_rmsnorm_eps_after_sqrt, s.my_prediction, ours, theirs, ids).startswith("right")
+    solution = _solutions().my_diagnose
+    assert check_diagnosis(None, ours, theirs, ids).startswith("not attempted yet")
+    assert check_diagnosis(solution, ours, theirs, ids).startswith("right")
 
-    def correct_rmsnorm(x, weight, eps):  # ε under the root: the right norm, not the exercise's
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    def always_rope(model, reference, input_ids):  # the most frequent cause, every time
+        return "RoPE convention"
 
-    def no_eps(x, weight, eps):
-        return weight * (x / x.pow(2).mean(-1, keepdim=True).sqrt())
+    def no_position_signature(model, reference, input_ids):  # cannot tell the mask from GQA without positions
+        answer = solution(model, reference, input_ids)
+        return "GQA broadcasting" if answer == "causal mask" else answer
 
-    def eps_on_the_mean_square(x, weight, eps):  # x / (mean(x²) + ε): forgets the root
-        return weight * (x / (x.pow(2).mean(-1, keepdim=True) + eps))
+    def absolute_measure(model, reference, input_ids):  # "small" by max |Δ|: the ε bug's is > 1 where h is ~2e4
+        answer = solution(model, reference, input_ids)
+        big = max(hidden_state_diffs(model, reference, input_ids).absolute) > 1
+        return "GQA broadcasting" if answer == "RMSNorm epsilon placement" and big else answer
 
-    assert "that is the correct RMSNorm" in check_misplaced_eps(correct_rmsnorm, s.my_prediction, ours, theirs, ids)
-    assert check_misplaced_eps(no_eps, s.my_prediction, ours, theirs, ids).startswith("wrong: your RMSNorm differs")
-    assert check_misplaced_eps(eps_on_the_mean_square, s.my_prediction, ours, theirs, ids).startswith(
-        "wrong: your RMSNorm differs")
-    # "too small to see", "any bug flips a token", "too small to fail the logits check"
-    for key, guess in (("first_divergent_layer", None), ("greedy_tokens_identical", False),
-                       ("logits_check_passes", True)):
-        verdict = check_misplaced_eps(s.my_rmsnorm_eps_after_sqrt, {**s.my_prediction, key: guess}, ours, theirs, ids)
-        assert verdict.startswith("wrong: ") and f"{key}: you predicted {guess!r}" in verdict, verdict
-    # the check restores RMSNorm: the model agrees with transformers again
+    assert check_diagnosis(always_rope, ours, theirs, ids) == ("wrong: the model had the GQA broadcasting bug; "
+                                                                "you said 'RoPE convention'")
+    assert check_diagnosis(no_position_signature, ours, theirs, ids).startswith("wrong: the model had the causal mask")
+    assert check_diagnosis(absolute_measure, ours, theirs, ids).startswith(
+        "wrong: the model had the RMSNorm epsilon placement bug")
+    assert "not one of" in check_diagnosis(lambda *a: "rope", ours, theirs, ids)
+    # the check restores the model: it agrees with transformers again
     assert first_divergent_layer(hidden_state_diffs(ours, theirs, ids).relative, 1e-4) is None

@@ -10,6 +10,7 @@ import torch
 
 import hardway.llama as llama_module
 from hardway import cli
+from hardway.exercises import rope_interleaved  # lesson 11's true interleaved RoPE, one of its five bugs
 from hardway.generation import generate
 from hardway.hub import checkpoint, shakespeare_path
 from hardway.loading import load
@@ -123,14 +124,6 @@ def test_half_precision_logits_are_held_to_transformers_own_distance_from_fp32(p
             ours.final_norm.weight.mul_(1.01)
         broken, _ = check_logits(ours, theirs, ids, torch.bfloat16, reference)
     assert not broken.passed, broken.measured
-
-
-def rope_interleaved(x, cos, sin):
-    """RoPE on the pairs (2i, 2i + 1), Meta's original layout: the wrong one for the hub's weights."""
-    d = x.shape[-1]
-    c, s = cos[..., : d // 2], sin[..., : d // 2]  # (T, d/2): pair i's angle
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x_even * c - x_odd * s, x_even * s + x_odd * c), dim=-1).flatten(-2)
 
 
 def test_a_broken_model_fails_the_ritual_and_the_diagnostics_name_the_layer(pair, monkeypatch):
