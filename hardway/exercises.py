@@ -833,7 +833,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.llama.modeling_llama import repeat_kv as hf_repeat_kv
 
-from hardway.llama import apply_rope_interleaved
+from hardway.llama import apply_rope_interleaved, interleave_permutation
 
 # _try_exercise and _tensor_difference, used below, come from lesson 08's part of this module.
 
@@ -845,19 +845,13 @@ def _hf_cos_sin(head_dim: int, positions: torch.Tensor, theta: float = 10000.0):
     return cos[0], sin[0]
 
 
-def _half_to_interleaved_order(head_dim: int) -> torch.Tensor:
-    """x_interleaved = x_half[..., order]: (0, d/2, 1, d/2 + 1, ...), pairs (i, i + d/2) made neighbours."""
-    half = torch.arange(head_dim // 2)
-    return torch.stack((half, half + head_dim // 2), dim=1).flatten()  # (d,)
-
-
 def check_interleaved_rope(my_rope_interleaved) -> str:
     """Exercise 1: my_rope_interleaved(x, cos, sin) rotates pairs (2i, 2i+1) as transformers rotates (i, i + d/2)."""
     g = torch.Generator().manual_seed(9)
     d, positions = 64, torch.arange(100, 116)  # 16 positions, not starting at 0
     cos, sin = _hf_cos_sin(d, positions)  # (T, d) each
     x_half = torch.randn(2, 3, len(positions), d, generator=g)  # (B, H, T, d) in the half-split layout
-    order = _half_to_interleaved_order(d)
+    order = interleave_permutation(d).argsort()  # (d,): x_interleaved = x_half[..., order]
     x = x_half[..., order]  # the same queries, interleaved layout
     expected = apply_rotary_pos_emb(x_half, x_half, cos[None], sin[None])[0][..., order]  # transformers, relabelled
     got, verdict = _try_exercise(my_rope_interleaved, "my_rope_interleaved", x.clone(), cos, sin)
@@ -1016,16 +1010,7 @@ import torch
 import torch.nn.functional as F
 
 import hardway.llama as llama_module
-
-
-def rope_interleaved(x, cos, sin):
-    """RoPE on the pairs (2i, 2i + 1), pair i rotated by the angle m·θ_i: Meta's original layout.
-    x (B, H, T, d); cos, sin (T, d) in lesson 09's half-split layout, whose first half is cos(m·θ_i), sin(m·θ_i)."""
-    d = x.shape[-1]
-    c, s = cos[..., : d // 2], sin[..., : d // 2]  # (T, d/2): pair i's angle
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, d/2) each: pair i is (x[2i], x[2i+1])
-    rotated = torch.stack((x_even * c - x_odd * s, x_even * s + x_odd * c), dim=-1)  # (B, H, T, d/2, 2)
-    return rotated.flatten(-2)  # (B, H, T, d), back in (2i, 2i + 1) order
+from hardway.llama import apply_rope_interleaved, interleave_permutation  # lesson 09: RoPE on the pairs (2i, 2i + 1)
 
 
 def attention_without_causal_mask(q, k, v, mask=None):  # every position attends to every other, the future included
@@ -1055,7 +1040,7 @@ def norm_names_swapped(config):  # input_layernorm -> mlp_norm and post_attentio
 
 
 CAUSES = ["RoPE convention", "causal mask", "RMSNorm epsilon placement", "GQA broadcasting", "weight-name map"]
-PATCHES = {"RoPE convention": (llama_module, "apply_rope", rope_interleaved),
+PATCHES = {"RoPE convention": (llama_module, "apply_rope", apply_rope_interleaved),
            "causal mask": (llama_module, "causal_attention", attention_without_causal_mask),
            "RMSNorm epsilon placement": (llama_module.RMSNorm, "forward", rmsnorm_eps_after_sqrt),
            "GQA broadcasting": (llama_module, "causal_attention", attention_kv_heads_tiled)}

@@ -370,7 +370,7 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
 
 def format_report(checks: list[Check]) -> str:
     width = max(len(c.name) for c in checks)
-    lines = [f"{'check':{width}}  result  measured  (target)"]
+    lines = [f"{'check':{width}}  result  measured  (passes if)"]
     for c in checks:
         lines.append(f"{c.name:{width}}  {'PASS' if c.passed else 'FAIL':6}  {c.measured}  ({c.target})")
     return "\n".join(lines)

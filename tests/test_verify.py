@@ -10,7 +10,7 @@ import torch
 
 import hardway.llama as llama_module
 from hardway import cli
-from hardway.exercises import rope_interleaved  # lesson 11's true interleaved RoPE, one of its five bugs
+from hardway.llama import apply_rope_interleaved  # lesson 09's true interleaved RoPE, one of lesson 11's five bugs
 from hardway.generation import generate
 from hardway.hub import checkpoint, shakespeare_path
 from hardway.loading import load
@@ -130,7 +130,7 @@ def test_a_broken_model_fails_the_ritual_and_the_diagnostics_name_the_layer(pair
     ours, theirs, tok = pair
     ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
     assert max(attention_diffs(ours, theirs, ids, layer=0).values()) <= 1e-4  # q, k, v and probabilities agree
-    monkeypatch.setattr(llama_module, "apply_rope", rope_interleaved)
+    monkeypatch.setattr(llama_module, "apply_rope", apply_rope_interleaved)
     assert not check_logits(ours, theirs, ids, torch.float32)[0].passed
     assert not check_greedy(ours, theirs, ids, max_new_tokens=10)[0].passed
     diffs = hidden_state_diffs(ours, theirs, ids)

@@ -1,0 +1,68 @@
+"""The course's text: every "lesson NN" names a lesson that exists, nothing points outside the repository, and no
+planning words reach the learner. Read from the notebooks, the README, the exported package, the solutions and the
+benchmarks: everything a learner reads."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = {int(p.name[:2]) for p in NOTEBOOKS}
+LESSON_REF = re.compile(r"\b[Ll]essons?\s+(\d{1,2})((?:\s*(?:[-–,]|and|or|to)\s*\d{1,2})*)")
+OUTSIDE = re.compile(r"\.\./shared|\bshared/reference\b|/work/|\.\./\.library|\.library/")
+PLANNING = re.compile(r"(?i)course's target|\bthe target is\b|\bspeed target\b|\d(?:\.\d+)?x target|\(target\b(?!=)|"
+                      r"\bseed asks\b|\bthe issue\b|\bissue's\b")
+
+
+def texts():
+    """(where, text) for every cell of every notebook and every text file a learner reads."""
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            yield f"{path.name} cell {i}", "".join(cell["source"])
+    for pattern in ("README.md", "hardway/*.py", "solutions/*.py", "benchmarks/*.py", "tools/*.py"):
+        for path in sorted(ROOT.glob(pattern)):
+            yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
+
+
+def lesson_numbers(match: re.Match) -> list[int]:
+    numbers = [int(match.group(1))] + [int(n) for n in re.findall(r"\d{1,2}", match.group(2))]
+    if re.search(r"[-–]|to", match.group(2)) and len(numbers) == 2:  # a range: lessons 03-06
+        numbers = list(range(numbers[0], numbers[1] + 1))
+    return numbers
+
+
+def test_there_are_lessons():
+    assert len(LESSONS) >= 14 and min(LESSONS) == 1
+
+
+def test_every_lesson_reference_names_an_existing_lesson():
+    wrong = [f"{where}: {m.group(0)!r}" for where, text in texts() for m in LESSON_REF.finditer(text)
+             if any(n not in LESSONS for n in lesson_numbers(m))]
+    assert not wrong, "references to lessons that do not exist:\n" + "\n".join(wrong)
+
+
+def test_nothing_points_outside_the_repository():
+    found = [f"{where}: {m.group(0)!r}" for where, text in texts() for m in OUTSIDE.finditer(text)]
+    assert not found, "paths outside the repository:\n" + "\n".join(found)
+
+
+def test_no_planning_words_reach_the_learner():
+    found = [f"{where}: ...{text[max(0, m.start() - 40):m.end() + 20]!r}..." for where, text in texts()
+             for m in PLANNING.finditer(text)]
+    assert not found, "planning words in the course:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("text, numbers", [("lesson 04", [4]), ("lessons 03-06", [3, 4, 5, 6]),
+                                           ("Lessons 05 and 06", [5, 6]), ("lessons 11–12", [11, 12])])
+def test_lesson_references_are_read_as_a_learner_reads_them(text, numbers):
+    assert lesson_numbers(LESSON_REF.search(text)) == numbers
+
+
+def test_the_checks_catch_what_they_look_for():
+    assert [lesson_numbers(m) for m in LESSON_REF.finditer("see lesson 15 and lessons 13-16")] == [[15], [13, 14, 15, 16]]
+    assert OUTSIDE.search("open ../shared/reference/matching-transformers.md")
+    assert PLANNING.search("the course's target is 1.3x") and PLANNING.search("as the seed asks")
+    assert not PLANNING.search("torch.manual_seed(0); targets = ids[:, 1:]")
