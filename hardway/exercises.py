@@ -1010,7 +1010,7 @@ import torch
 import torch.nn.functional as F
 
 import hardway.llama as llama_module
-from hardway.llama import apply_rope_interleaved, interleave_permutation  # lesson 09: RoPE on the pairs (2i, 2i + 1)
+from hardway.llama import apply_rope_interleaved  # lesson 09: RoPE on the pairs (2i, 2i + 1)
 
 
 def attention_without_causal_mask(q, k, v, mask=None):  # every position attends to every other, the future included
