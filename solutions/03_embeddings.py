@@ -3,7 +3,6 @@
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
 
-import math
 
 import torch
 import torch.nn.functional as F

@@ -1,7 +1,6 @@
 """Lesson 13's batching and `hardway chat`: left-padded batches equal transformers' batched generate and each prompt
 alone; bad masks are refused in one line; the exercises' checks; the chat command through a pseudo-terminal."""
 
-import importlib.util
 import io
 import os
 import pty
@@ -24,6 +23,7 @@ from hardway.chat_cli import chat_loop
 from hardway.hub import checkpoint
 from hardway.tokenizer import load_tokenizer
 from test_contract import tiny_checkpoint  # tiny GPT-2, Llama and Qwen2 checkpoints written by transformers
+from exercise_solutions import load_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -153,10 +153,7 @@ def test_left_pad_refuses_empty_input():
 # ---- the exercises' checks ----------------------------------------------------------------------------------------
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_13", ROOT / "solutions" / "13_batching_and_chat.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("13_batching_and_chat")
 
 
 def test_check_left_pad():

@@ -6,7 +6,6 @@ tokenizer (Llama 3.2's for Llama, SmolLM2's ChatML tokenizer for Qwen, whose spe
 """
 
 import datetime as _datetime
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -20,8 +19,8 @@ import hardway.chat
 from hardway.chat import (ChatTemplate, ChatTemplateError, check_chatml, check_fit_conversation, read_chat_template,
                           read_special_tokens)
 from hardway.hub import checkpoint
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LLAMA_TOKENIZER = "meta-llama/Llama-3.2-tokenizer"
 PINNED_DATE = "26 Jul 2024"  # Llama 3.2's template writes today's date unless date_string is given
@@ -430,10 +429,7 @@ def test_bad_messages(templates, messages, problem):
 # ---- the exercises' checks ----------------------------------------------------------------------------------------
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_13", ROOT / "solutions" / "13_batching_and_chat.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("13_batching_and_chat")
 
 
 def test_check_chatml(templates):

@@ -1,7 +1,6 @@
 """Lesson 01's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,16 +9,13 @@ import torch
 
 from hardway.exercises import check_corrupt_files, check_load_tensor, check_read_header
 from hardway.hub import checkpoint
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def solution():
-    spec = importlib.util.spec_from_file_location("solutions_01", ROOT / "solutions" / "01_safetensors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("01_safetensors")
 
 
 @pytest.fixture(scope="module")

@@ -1,24 +1,19 @@
 """Lesson 02's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from hardway.bpe import GPT2Tokenizer, UNICODE_TO_BYTE, train_bpe
 from hardway.exercises import check_decode, check_encode_with_specials
 from hardway.hub import checkpoint, shakespeare_path
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def solution():
-    spec = importlib.util.spec_from_file_location("solutions_02", ROOT / "solutions" / "02_tokenizer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("02_tokenizer")
 
 
 @pytest.fixture(scope="module")

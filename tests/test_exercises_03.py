@@ -1,8 +1,6 @@
 """Lesson 03's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,15 +9,12 @@ from transformers import GPT2Model
 
 from hardway.exercises import check_embed, check_sinusoidal
 from hardway.hub import checkpoint
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_03", ROOT / "solutions" / "03_embeddings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("03_embeddings")
 
 
 @pytest.fixture(scope="module")

@@ -1,23 +1,18 @@
 """Lesson 04's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import torch
 
 from hardway.exercises import check_attention, check_sliding_window_mask, check_split_heads
 from hardway.gpt2 import causal_mask
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_04", ROOT / "solutions" / "04_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("04_attention")
 
 
 def test_check_attention():

@@ -1,8 +1,6 @@
 """Lesson 05's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,15 +8,12 @@ import torch.nn.functional as F
 
 from hardway.exercises import check_gelu_new, check_post_norm_block
 from hardway.gpt2 import Block, GPT2Config
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_05", ROOT / "solutions" / "05_transformer_block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("05_transformer_block")
 
 
 def test_check_gelu_new():

@@ -1,9 +1,7 @@
 """Lesson 06's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,15 +11,12 @@ from transformers import GPT2LMHeadModel
 import hardway
 from hardway.exercises import check_gpt2_param_count, check_logit_lens
 from hardway.hub import checkpoint
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_06", ROOT / "solutions" / "06_forward_pass.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("06_forward_pass")
 
 
 @pytest.fixture(scope="module")

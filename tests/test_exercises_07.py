@@ -1,8 +1,6 @@
 """Lesson 07's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,16 +9,13 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from hardway.exercises import check_min_p, check_no_repeat_ngram, check_token_logprobs
 from hardway.sampling import LogitsProcessor
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def solution():
-    spec = importlib.util.spec_from_file_location("solutions_07", ROOT / "solutions" / "07_generation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("07_generation")
 
 
 def test_check_token_logprobs(solution):

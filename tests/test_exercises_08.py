@@ -1,8 +1,6 @@
 """Lesson 08's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,16 +8,13 @@ import torch
 from hardway.exercises import (KV_CONFIGS, check_kv_bytes_per_token, check_positions_processed,
                                check_sliding_window_cache)
 from hardway.kv_cache import KVCache, kv_cache_bytes_per_token
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def solutions():
-    spec = importlib.util.spec_from_file_location("solutions_08", ROOT / "solutions" / "08_kv_cache.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("08_kv_cache")
 
 
 def test_check_positions_processed(solutions):

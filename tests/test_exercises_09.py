@@ -1,8 +1,6 @@
 """Lesson 09's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,16 +8,13 @@ import torch
 from hardway.exercises import (check_half_split_to_interleaved_rows, check_interleaved_rope, check_parameter_count,
                                check_repeat_kv)
 from hardway.llama import apply_rope, apply_rope_interleaved, interleave_permutation
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def solutions():
-    spec = importlib.util.spec_from_file_location("solutions_09", ROOT / "solutions" / "09_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("09_llama")
 
 
 def _not_implemented(*args):

@@ -1,24 +1,19 @@
 """Lesson 10's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
 
 from hardway.course import STANDIN_ID
 from hardway.exercises import check_kv_cache_bytes, check_llama_param_count
 from hardway.hub import checkpoint
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_10", ROOT / "solutions" / "10_llama_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("10_llama_gpu")
 
 
 def test_check_llama_param_count():

@@ -1,8 +1,6 @@
 """Lesson 11's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers. On the SmolLM2-135M stand-in, fp32, CPU."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,16 +10,13 @@ from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
 from hardway.verify import DEFAULT_PROMPT, first_divergent_layer, hidden_state_diffs, load_reference
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_11", ROOT / "solutions" / "11_verification_ritual.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("11_verification_ritual")
 
 
 @pytest.fixture(scope="module")

@@ -1,23 +1,17 @@
 """Lesson 12's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
-import torch
 
 import hardway
 from hardway.exercises import check_roofline, check_static_update
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_12", ROOT / "solutions" / "12_fast_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solutions("12_fast_decode")
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@
 The engine's greedy output must be token-identical to `hardway.generate` on each prompt alone (fp32 stand-ins),
 whatever else is in the batch, and also for sequences that were preempted and recomputed.
 """
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +14,8 @@ from hardway.loading import load
 from hardway.serving import (BlockManager, Engine, PagedKVCache, PoolTooSmallError, SamplingParams, Sequence,
                              apply_stop, check_apply_stop, check_slot_of, slot_of)
 from hardway.tokenizer import load_tokenizer
+from exercise_solutions import load_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a", "def fib(n):",
            "1, 2, 3, 4,"]
 
@@ -139,15 +137,8 @@ def test_engine_stops_at_a_stop_string(gpt2):
     assert engine.blocks.n_free == 16
 
 
-def load_solutions():
-    spec = importlib.util.spec_from_file_location("solutions14", ROOT / "solutions" / "14_serving.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_exercise_checks_pass_the_solutions_and_fail_wrong_answers():
-    sol = load_solutions()
+    sol = load_solutions("14_serving")
     assert check_slot_of(None).startswith("not attempted")
     assert check_slot_of(sol.my_slot_of).startswith("right"), check_slot_of(sol.my_slot_of)
     wrong = check_slot_of(lambda table, pos, bs: table[pos // bs] + pos % bs)  # forgot to scale the block id
