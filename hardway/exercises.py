@@ -689,20 +689,10 @@ def _try_exercise(fn, name, *args):
 
 
 def _tensor_difference(got, expected, what: str, atol: float = 0.0) -> str | None:
-    """None when `got` equals `expected` within atol; else 'wrong: ...' with the shape, dtype or first mismatch."""
-    if not isinstance(got, torch.Tensor):
-        return f"wrong: {what} should be a tensor of shape {tuple(expected.shape)}, got {type(got).__name__}"
-    if got.shape != expected.shape:
-        return f"wrong: {what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
-    if got.dtype != expected.dtype:
+    """Lesson 03's _tensor_verdict (shape, first mismatch, max |Δ|), and the dtype must match too."""
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype != expected.dtype:
         return f"wrong: {what} has dtype {got.dtype}, expected {expected.dtype}"
-    delta = (got.double() - expected.double()).abs()  # same shape as expected
-    bad = ~(delta <= atol)  # NaN counts as a mismatch
-    if bad.any():
-        index = tuple(int(i) for i in bad.nonzero()[0])
-        return (f"wrong: {what} differs first at index {index}: expected {expected[index].item():.6g}, got "
-                f"{got[index].item():.6g}; max |Δ| = {delta.nan_to_num(float('inf')).max().item():.3g}")
-    return None
+    return _tensor_verdict(what, got, expected, atol)
 
 
 class _CountingModel:

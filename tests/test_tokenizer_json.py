@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 from hardway.bpe import CACHE_MAX_CHARS, BPETokenizer, split_isolated
 from hardway.hub import checkpoint, shakespeare_path
+from test_bpe import ANY_CHARACTER, NEWER  # the same characters as the BPE tests
 
 REPOS = ["meta-llama/Llama-3.2-tokenizer", "HuggingFaceTB/SmolLM2-135M-Instruct"]
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -111,11 +112,8 @@ def test_dropped_bytes(pair):
         assert ours.encode("!\x04!") == theirs.encode("!\x04!").ids == ours.encode("!!")
 
 
-# Any character but the surrogates (UTF-8 cannot carry them), unassigned code points included: code points newer
-# than Unicode 16.0 are letters for `regex` and unassigned for tokenizers (tests/test_bpe.py checks every one).
-ANY_CHARACTER = st.characters(exclude_categories=("Cs",))
-NEWER = [chr(c) for c in (0x558, 0x5C8, 0x88F, 0x20C1, 0xA7CE, 0x10940, 0x11DE0, 0x16EA0, 0x1DF2B, 0x1F6D8,
-                          0x323B0, 0x3F21A, 0x3FC3F)]
+# ANY_CHARACTER: any character but the surrogates; NEWER: code points newer than Unicode 16.0, letters for `regex`
+# and unassigned for tokenizers (test_bpe checks every one).
 NEWER_AMONG_OTHERS = st.text(alphabet=st.sampled_from(NEWER + list("aZ+N1٣ .'sS\r\n\t\u00e9\u0301日😀(")), max_size=30)
 
 
