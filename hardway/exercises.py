@@ -1058,6 +1058,8 @@ def broken(model, cause):
 # ---- lesson 11: the verification ritual, the exercises' checks
 # hardway.verify is imported inside the checks, not here: it imports transformers, which the checks of the
 # earlier lessons do not need.
+import contextlib
+
 import torch
 
 
@@ -1100,33 +1102,58 @@ def check_relative_divergence(my_relative_divergence) -> str:
 def check_find_broken_layer(my_find_broken_layer, ours, theirs, input_ids) -> str:
     """Lesson 11, exercise 2: my_find_broken_layer(model, reference, input_ids) -> the first divergent layer (layer 0
     is the first block) or None. Breaks one layer of the Llama `ours` at a time (its MLP's gate_proj and up_proj
-    swapped) and restores it."""
+    swapped), then breaks nothing, then changes nothing but the rounding (every weight moved by eight fp32 rounding
+    steps, see `rounding_only`), and restores the model after each."""
     if my_find_broken_layer is None:
         return "not attempted yet: set my_find_broken_layer to your function"
     n = len(ours.blocks)
-    for broken in (None, 0, n // 2, n - 1):
-        which = "no layer" if broken is None else f"layer {broken}"
-        mlp = ours.blocks[broken].mlp if broken is not None else None
+    for broken in (0, n // 2, n - 1, None, "rounding"):
+        which = {None: "no layer broken", "rounding": "only the rounding changed"}.get(broken)
+        which = which or f"layer {broken} broken"
+        mlp = ours.blocks[broken].mlp if isinstance(broken, int) else None
         if mlp is not None:
             mlp.gate_proj.weight, mlp.up_proj.weight = mlp.up_proj.weight, mlp.gate_proj.weight
         try:
-            got = my_find_broken_layer(ours, theirs, input_ids)
+            with rounding_only(ours) if broken == "rounding" else contextlib.nullcontext():
+                got = my_find_broken_layer(ours, theirs, input_ids)
         except NotImplementedError:
             return "not attempted yet: my_find_broken_layer raises NotImplementedError"
         except Exception as e:
-            return f"wrong: with {which} broken, your function raised {e!r}"
+            return f"wrong: with {which}, your function raised {e!r}"
         finally:
             if mlp is not None:
                 mlp.gate_proj.weight, mlp.up_proj.weight = mlp.up_proj.weight, mlp.gate_proj.weight
-        if got != broken:
+        if got != (None if broken == "rounding" else broken):
             hint = ""
-            if broken is None:
+            if broken in (None, "rounding"):
                 hint = (": nothing was broken. An absolute threshold on max |Δ| flags rounding where activations are "
                         "large; measure each position against its own size (exercise 1)")
             elif got == broken + 1:
                 hint = ": off by one. Hidden state i + 1 is the output of layer i; hidden state 0 is the embeddings"
-            return f"wrong: with {which} broken you answered {got!r}{hint}"
-    return f"right: found layers 0, {n // 2} and {n - 1} when broken, and none when nothing was"
+            return f"wrong: with {which} you answered {got!r}{hint}"
+    return (f"right: found layers 0, {n // 2} and {n - 1} when broken, and none when nothing was, nor when only the "
+            "rounding changed")
+
+
+@contextlib.contextmanager
+def rounding_only(model, relative: float = 2.0 ** -20, seed: int = 11):
+    """Every weight matrix of `model` multiplied by 1 + `relative` or 1 - `relative` (the sign at random), then
+    restored. 2**-20 is eight fp32 rounding steps: the size of difference another correct implementation, summing in
+    another order, leaves. On SmolLM2-135M it keeps every layer's relative divergence under 1e-5, a tenth of the fp32
+    bar, while max |Δ| at its activations of about 2e4 passes 5e-3, five times an absolute bar of 1e-3 (the tests
+    hold it to both margins)."""
+    g = torch.Generator().manual_seed(seed)
+    saved = [(p, p.detach().clone()) for p in model.parameters() if p.dim() == 2]
+    try:
+        with torch.no_grad():
+            for p, _ in saved:
+                sign = torch.randint(0, 2, p.shape, generator=g).to(p.dtype).mul_(2).sub_(1)  # ±1, p's shape
+                p.mul_(1 + relative * sign)
+        yield model
+    finally:
+        with torch.no_grad():
+            for p, original in saved:
+                p.copy_(original)
 
 
 def check_diagnosis(my_diagnose, ours, theirs, input_ids) -> str:
