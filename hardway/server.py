@@ -365,7 +365,7 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     async def lifespan(app):
         worker.start()
         yield
-        worker.stop()  # already stopped when `serve` shut down; when the app runs some other way, stopped here
+        await asyncio.to_thread(worker.stop)  # `serve` stopped it already; run some other way, the app stops it here
 
     app = FastAPI(title="hardway", lifespan=lifespan)
     app.state.worker = worker
@@ -505,14 +505,14 @@ class _Server(uvicorn.Server):
     running: their clients see the stream cut with no word. Here the first signal stops admitting (new requests get
     503), gives running requests `grace_s` seconds to finish, then has the engine end each one still open with an
     error (a 503, or an error event and [DONE] on a stream); only when every handler has said its last word does
-    uvicorn shut down. A second signal skips what is left of the grace period. The exit status is 0: a stop was
-    asked for (uvicorn would re-raise the signal, and the process would die of it)."""
+    uvicorn shut down. A second signal skips what is left of the grace period; a third ends the process on the
+    spot. The exit status is 0: a stop was asked for (uvicorn would re-raise the signal, and the process would die
+    of it)."""
 
     def __init__(self, config: uvicorn.Config, worker: EngineThread, grace_s: float):
         super().__init__(config)
         self.worker, self.grace_s = worker, grace_s
-        self.stop_asked = False  # the first SIGINT/SIGTERM
-        self.hurry = False       # a second one
+        self.n_signals = 0       # SIGINT/SIGTERM received so far
         self.closing = None      # the task that finishes the conversations
 
     @contextmanager
@@ -525,27 +525,32 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig, frame) -> None:
-        # A signal handler: it only raises flags, which on_tick (uvicorn's loop, ten times a second) acts on.
-        self.hurry = self.stop_asked
-        self.stop_asked = True
+        # A signal handler: it counts, and on_tick (uvicorn's loop, ten times a second) acts on the count.
+        self.n_signals += 1
+        if self.n_signals >= 3:  # asked three times: no more waiting, not even for the engine's current step
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
     async def on_tick(self, counter: int) -> bool:
-        if self.stop_asked and self.closing is None:
+        if self.n_signals and self.closing is None:
             self.closing = asyncio.create_task(self.finish_conversations())
         return await super().on_tick(counter)  # True, and uvicorn shuts down, once should_exit is set
 
     async def finish_conversations(self) -> None:
         self.worker.stop_admitting()
-        deadline = time.monotonic() + self.grace_s
-        while self.worker.busy() and not self.hurry and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_while(lambda: self.worker.busy() and self.n_signals < 2, self.grace_s)  # the grace period
         self.worker.stopping.set()  # the loop ends its current step, then every open request with Ended(503)
-        while self.worker.thread.is_alive() and not self.hurry:
-            await asyncio.sleep(0.02)
-        deadline = time.monotonic() + (0.5 if self.hurry else 5)
-        while self.server_state.tasks and time.monotonic() < deadline:  # each handler sends its last event
-            await asyncio.sleep(0.02)
+        await wait_while(self.worker.thread.is_alive, 5)
+        await wait_while(lambda: bool(self.server_state.tasks), 5)  # each handler sends its last event
         self.should_exit = True
+
+
+async def wait_while(condition, seconds: float) -> None:
+    """Return once condition() is false, or after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
@@ -579,8 +584,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _Server(config, app.state.worker, grace_s).run()
     if app.state.worker.thread.is_alive():
-        # A second signal came while the engine was mid-step. Exiting normally now would tear down torch's
-        # threads under it, and the process would abort; this step's result is not wanted, so end at once.
+        # The engine is still in a step that outlasted the waits above. Exiting normally now would tear down
+        # torch's threads under it, and the process would abort; nobody waits for this step, so end at once.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
