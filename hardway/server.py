@@ -203,7 +203,7 @@ def _number(body: dict, name: str, default, low=None, high=None, low_open=False,
         return default
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         raise APIError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
-    if not math.isfinite(value):  # 1e999 in JSON reads as inf
+    if isinstance(value, float) and not math.isfinite(value):  # 1e999 in JSON reads as inf
         raise APIError(400, f"'{name}' must be a finite number, got {value!r}", name)
     if low is not None and (value <= low if low_open else value < low) or high is not None and value > high:
         span = f"{'(' if low_open else '['}{low}, {high}]" if high is not None else f">= {low}"
@@ -284,23 +284,24 @@ def _reject_json_constant(name: str):
     raise APIError(400, f"the request body is not valid JSON: {name} is not a JSON number")
 
 
-def check_text(value, where: str = "") -> None:
+def check_text(value, path: str = "", param: str | None = None) -> None:
     """Every string in a request must be Unicode that UTF-8 can encode: JSON can spell a lone surrogate
-    ("\\ud800"), which no tokenizer can encode."""
+    ("\\ud800"), which no tokenizer can encode (nor could the answer, were it echoed back). `path` is where `value`
+    is in the body ("messages[0].content"), `param` the top-level field it belongs to."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise APIError(400, f"'{where}' is not valid text: character {e.start} is {value[e.start]!r}, half of a "
-                                f"UTF-16 surrogate pair, which has no UTF-8 encoding", where.split("[")[0].split(".")[0]
-                           ) from None
+            raise APIError(400, f"'{path or 'a key'}' is not valid text: character {e.start} is "
+                                f"{value[e.start]!r}, half of a UTF-16 surrogate pair, which has no UTF-8 encoding",
+                           param) from None
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            check_text(item, f"{where}[{i}]")
+            check_text(item, f"{path}[{i}]", param)
     elif isinstance(value, dict):
         for key, item in value.items():
-            check_text(key, where)
-            check_text(item, f"{where}.{key}" if where else key)
+            check_text(key, "", param)  # a bad key is not named: it could not be written into the answer
+            check_text(item, f"{path}.{key}" if path else key, param or key)
 
 
 async def read_json(request: Request, worker: EngineThread, timeout_s: float = BODY_TIMEOUT_S) -> dict:

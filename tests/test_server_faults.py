@@ -129,6 +129,9 @@ BAD = {  # name -> (path, body, status, param, words the error message holds)
                                        400, "prompt", "'prompt' is not valid text: character 2 is '\\ud800'"),
     "a lone surrogate in chat content": ("/v1/chat/completions", json.dumps(CHAT).replace('"Hi"', '"ab\\udfffcd"'),
                                          400, "messages", "'messages[0].content' is not valid text"),
+    "a key that is not valid text": ("/v1/completions", raw('"\\ud800": 1'), 400, None, "'a key' is not valid text"),
+    "temperature of 400 digits": ("/v1/completions", raw('"temperature": 1' + "0" * 400), 400, "temperature",
+                                  "'temperature' must be in [0, 2]"),
     "a token id outside the vocabulary": ("/v1/completions", {"model": SMOLLM2, "prompt": [1, 2, 49152]}, 400,
                                           "prompt", "the token id 49152, outside this model's vocabulary (0 to "
                                                     "49151)"),
