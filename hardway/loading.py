@@ -97,7 +97,10 @@ def read_checkpoint(folder, device="cpu", dtype: torch.dtype = torch.float32) ->
     tensors = {name: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for name, t in stored.items()}
     for name, t in tensors.items():  # one NaN in a weight makes every logit NaN: refuse it here, naming the tensor
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        # The sum is the cheap test (a NaN or an inf anywhere makes it one); only a tensor that fails it (or whose
+        # finite values overflow the sum) is looked at value by value.
+        if t.is_floating_point() and not bool(torch.isfinite(t.sum(dtype=torch.float32))) \
+                and not bool(torch.isfinite(t).all()):
             if not bool(torch.isfinite(stored[name]).all()):
                 raise CheckpointError(f"{folder}: tensor {name!r} holds NaN or infinite values: the checkpoint is "
                                       f"damaged")
