@@ -115,6 +115,8 @@ class EngineThread:
         with self.door:
             if not self.admitting or self.closed:
                 raise APIError(503, "the server is shutting down and takes no new requests")
+            if not self.thread.is_alive():
+                raise APIError(503, "the engine has stopped (GET /health says so): this server cannot answer")
             self.inbox.put(("add", request))
 
     def cancel(self, request: Pending) -> None:
@@ -342,7 +344,7 @@ async def read_json(request: Request, worker: EngineThread, timeout_s: float = B
 DISCONNECTED = object()  # what next_event returns once the client has gone
 
 
-async def next_event(request: Request, pending: Pending):
+async def next_event(request: Request, pending: Pending, worker: EngineThread):
     """The request's next Event or Ended from the engine, or DISCONNECTED as soon as the client has hung up
     (checked at every event, and twice a second while none comes), so its blocks are freed at once."""
     while True:
@@ -351,7 +353,9 @@ async def next_event(request: Request, pending: Pending):
         try:
             return await asyncio.wait_for(pending.events.get(), timeout=0.5)
         except asyncio.TimeoutError:
-            continue
+            if not (worker.thread.is_alive() or worker.stopping.is_set() or pending.events.qsize()):
+                # the engine thread ended without a word (a shutdown sends one): say so rather than wait forever
+                return Ended(503, "the engine has stopped (GET /health says so); the request was cancelled")
 
 
 # ---- the app ---------------------------------------------------------------------------------------------------------
@@ -447,7 +451,7 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         if not stream:
             text = []
             while True:
-                event = await next_event(request, pending)
+                event = await next_event(request, pending, worker)
                 if event is DISCONNECTED:
                     worker.cancel(pending)
                     return error_response(499, "the client closed the request")
@@ -473,7 +477,7 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                     first["delta"]["role"] = "assistant"
                     yield sse({**head, "choices": [first]})
                 while True:
-                    event = await next_event(request, pending)
+                    event = await next_event(request, pending, worker)
                     if event is DISCONNECTED:
                         return  # `finally` cancels the request
                     if isinstance(event, Ended):  # the status line went out long ago: the error is an event

@@ -275,8 +275,7 @@ class Engine:
             return Event(seq, "", True)
 
     def _finish(self, seq: Sequence) -> None:
-        if seq in self.running:  # a failed prefill may never have reached the batch
-            self.running.remove(seq)
+        self.running.remove(seq)
         self.blocks.release(seq.block_table)  # free at once: the next step can use them
 
     def _forward(self, seqs: list[Sequence], input_ids: torch.Tensor) -> torch.Tensor:

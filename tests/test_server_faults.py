@@ -267,6 +267,8 @@ def test_health_reports_the_engine_thread():
         r = client.get("/health")
         assert r.status_code == 503 and r.json() == {**r.json(), "status": "engine stopped",
                                                      "engine_thread_alive": False}
+        r = client.post("/v1/completions", json={"model": GPT2, "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 503 and "the engine has stopped" in r.json()["error"]["message"]  # not a hang
 
 
 def test_serve_refuses_a_checkpoint_whose_tokenizer_has_ids_the_model_lacks(tmp_path):
