@@ -370,7 +370,7 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     async def lifespan(app):
         worker.start()
         yield
-        await asyncio.to_thread(worker.stop)  # `serve` stopped it already; run some other way, the app stops it here
+        worker.stop()  # `serve` stopped it already; run some other way, the app stops it here (HTTP is closed by now)
 
     app = FastAPI(title="hardway", lifespan=lifespan)
     app.state.worker = worker
