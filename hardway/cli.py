@@ -126,10 +126,13 @@ def cmd_serve(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if not 0 <= args.grace <= 3600:  # also refuses nan
+        raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
     resolve("hardway.server:serve")(args.model, host=args.host, port=args.port, max_batch=args.max_batch,  # lesson 14
-                                    n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype)
+                                    n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype,
+                                    grace_s=args.grace)
     return 0
 
 
@@ -168,6 +171,8 @@ def main(argv=None) -> int:
     s.add_argument("--blocks", type=int, default=None, help="KV-cache blocks in the pool (default: max-batch x 512 "
                                                           "positions)")
     s.add_argument("--block-size", type=int, default=16, help="positions per block")
+    s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                   help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
     args = parser.parse_args(argv)
     commands = {"verify": cmd_verify, "generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     try:

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from hardway.errors import ConfigError, check_int
+from hardway.errors import CheckpointError, ConfigError, check_int
 from hardway.hub import checkpoint
 from hardway.safetensors import load_checkpoint
 
@@ -93,8 +93,19 @@ def read_checkpoint(folder, device="cpu", dtype: torch.dtype = torch.float32) ->
         eos = eos_token_list(generation.get("eos_token_id", config.get("eos_token_id")))
     except ValueError as e:  # name the file the bad value is in
         raise ConfigError(f"{generation_path if 'eos_token_id' in generation else config_path}: {e}") from None
+    stored = load_checkpoint(folder)  # lesson 01
     tensors = {name: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
-               for name, t in load_checkpoint(folder).items()}  # lesson 01
+               for name, t in stored.items()}
+    for name, t in tensors.items():  # one NaN in a weight makes every logit NaN: refuse it here, naming the tensor
+        # The sum is the cheap test (a NaN or an inf anywhere makes it one); only a tensor that fails it (or whose
+        # finite values overflow the sum) is looked at value by value.
+        if t.is_floating_point() and not bool(torch.isfinite(t.sum(dtype=torch.float32))) \
+                and not bool(torch.isfinite(t).all()):
+            if not bool(torch.isfinite(stored[name]).all()):
+                raise CheckpointError(f"{folder}: tensor {name!r} holds NaN or infinite values: the checkpoint is "
+                                      f"damaged")
+            raise CheckpointError(f"{folder}: tensor {name!r} has values beyond the range of {dtype}, which become "
+                                  f"infinite: load it in a wider dtype")
     return Checkpoint(folder, config, eos, tensors)
 
 

@@ -38,7 +38,12 @@ class TemperatureLogitsWarper(LogitsProcessor):
         self.temperature = float(temperature)
 
     def __call__(self, input_ids, scores):
-        return scores / self.temperature  # (B, V)
+        scaled = scores / self.temperature  # (B, V)
+        overflowed = (scaled == float("inf")) & scores.isfinite()  # (B, V): a finite logit divided past float's range
+        if overflowed.any():  # those rows at their T -> 0 limit: only the largest logit(s) keep any probability
+            limit = scores.masked_fill(scores < scores.amax(dim=-1, keepdim=True), float("-inf"))  # (B, V)
+            scaled = torch.where(overflowed.any(dim=-1, keepdim=True), limit, scaled)
+        return scaled  # (B, V)
 
 
 class TopKLogitsWarper(LogitsProcessor):

@@ -5,15 +5,20 @@
     hardway serve --model HuggingFaceTB/SmolLM2-135M-Instruct    # then point any OpenAI client at
                                                                  # http://127.0.0.1:8000/v1
 One thread runs the engine loop; the HTTP handlers (on uvicorn's event loop) hand requests to it through a queue,
-and it hands each request's new text back through that request's own asyncio queue.
+and it hands each request's new text back through that request's own asyncio queue. A request the engine cannot
+compute fails alone; on SIGINT/SIGTERM every open request is told how it ended before the process exits.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
+import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -29,19 +34,35 @@ from hardway.chat import ChatTemplate, ChatTemplateError
 from hardway.serving import Engine, Event, SamplingParams, Sequence
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt the context holds
+BODY_TIMEOUT_S = 30.0     # a body still incomplete after this long is answered 408, so a stalled client holds nothing
+SHUTTING_DOWN = "the server is shutting down; the request was cancelled"
+log = logging.getLogger("hardway.server")  # a request the engine failed: one line each (Python prints warnings and
+                                           # errors to stderr when nothing else is configured)
 
 
 class APIError(Exception):
-    """An error the client caused, answered as OpenAI answers it: {"error": {"message", "type", "param", "code"}}."""
+    """An error answered as OpenAI answers it: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+@dataclass
+class Ended:
+    """The last thing a request hears when it ends without finishing: the engine failed it (500), it was refused
+    on arrival (400), or the server is shutting down (503)."""
+    status: int
+    message: str
 
 
 @dataclass(eq=False)
@@ -50,30 +71,53 @@ class Pending:
     prompt_ids: list[int]
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # Event, then None when the engine stops
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # Events, then an Ended if it did not finish
     seq: Sequence | None = None
 
 
 class EngineThread:
-    """The engine loop in one background thread: the only code that touches the engine, so it needs no locks."""
+    """The engine loop in one background thread: the only code that touches the engine, so it needs no locks.
+
+    It never dies of a request: a request the engine cannot compute is answered with an error and the loop goes
+    on. Shutting down is three steps: `stop_admitting` (new requests are refused with 503), wait while `busy`,
+    then `stop`: the loop ends every request still open with an Ended(503) and exits."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.inbox: queue.Queue = queue.Queue()  # ("add", Pending) or ("abort", Pending), from the handlers
         self.pending: dict[int, Pending] = {}    # seq.id -> its request
+        self.admitting = True                    # False once shutting down: submit() refuses
+        self.closed = False                      # True once the loop has ended: nothing put in the inbox is read
+        self.door = threading.Lock()             # submit() and the loop's last look at the inbox, one at a time
         self.stopping = threading.Event()
+        self.last_loop = time.monotonic()        # when the loop last went round: /health reports its age
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
-        """Cancel whatever is in flight (each waiting handler is told) and end the loop."""
+    def stop_admitting(self) -> None:
+        self.admitting = False
+
+    def busy(self) -> bool:
+        """Whether any request is still in the engine or on its way in."""
+        return bool(self.pending) or not self.inbox.empty()
+
+    def stop(self, timeout: float = 30) -> None:
+        """End the loop; every request still open is told (Ended 503). Waits up to `timeout` s for the loop's
+        current step to end."""
+        self.admitting = False
         self.stopping.set()
-        self.thread.join(timeout=30)
+        if self.thread.is_alive():
+            self.thread.join(timeout)
 
     def submit(self, request: Pending) -> None:
-        self.inbox.put(("add", request))
+        with self.door:
+            if not self.admitting or self.closed:
+                raise APIError(503, "the server is shutting down and takes no new requests")
+            if not self.thread.is_alive():
+                raise APIError(503, "the engine has stopped (GET /health says so): this server cannot answer")
+            self.inbox.put(("add", request))
 
     def cancel(self, request: Pending) -> None:
         self.inbox.put(("abort", request))
@@ -83,8 +127,23 @@ class EngineThread:
         return {"total_blocks": e.blocks.n_blocks, "free_blocks": e.blocks.n_free, "block_size": e.blocks.block_size,
                 "running": len(e.running), "waiting": len(e.waiting), "preemptions": e.n_preemptions}
 
-    def _deliver(self, request: Pending, event: Event | None) -> None:
-        request.loop.call_soon_threadsafe(request.events.put_nowait, event)
+    def health(self) -> dict:
+        """The engine thread's state, not just the HTTP loop's: "ok", "shutting down" or "engine stopped"."""
+        alive = self.thread.is_alive()
+        status = "ok" if alive and self.admitting else "shutting down" if alive or self.stopping.is_set() \
+            else "engine stopped"
+        return {"status": status, "engine_thread_alive": alive,
+                "seconds_since_engine_loop": round(time.monotonic() - self.last_loop, 3)}
+
+    def _deliver(self, request: Pending, item: Event | Ended) -> None:
+        request.loop.call_soon_threadsafe(request.events.put_nowait, item)
+
+    def _end(self, request: Pending, status: int, message: str) -> None:
+        """Tell a request it ended without finishing, and forget it."""
+        if request.seq is not None:
+            self.engine.abort(request.seq)  # its blocks go back to the pool
+            self.pending.pop(request.seq.id, None)
+        self._deliver(request, Ended(status, message))
 
     def _take_inbox(self, block: bool) -> None:
         while True:
@@ -94,27 +153,48 @@ class EngineThread:
                 return
             block = False
             if kind == "add":
-                request.seq = self.engine.add(request.prompt_ids, request.params)  # checked by the handler first
+                try:  # checked by the handler first; the engine checks again, and one bad request stays one
+                    request.seq = self.engine.add(request.prompt_ids, request.params)
+                except ValueError as e:
+                    self._deliver(request, Ended(400, str(e)))
+                    continue
                 self.pending[request.seq.id] = request
             elif request.seq is not None and request.seq.id in self.pending:  # abort: the client went away
                 self.engine.abort(request.seq)
                 del self.pending[request.seq.id]
 
+    def _step(self) -> None:
+        for event in self.engine.step():
+            request = self.pending.get(event.seq.id)
+            if request is None:
+                continue
+            if event.seq.error is not None:  # the engine could not compute this one; the others go on
+                log.error("request %s failed in the engine: %s", event.seq.id, event.seq.error)
+                self._end(request, 500, f"the engine failed on this request: {event.seq.error}")
+                continue
+            self._deliver(request, event)
+            if event.finished:
+                del self.pending[event.seq.id]
+
     def _run(self) -> None:
         while not self.stopping.is_set():
+            self.last_loop = time.monotonic()
             self._take_inbox(block=not self.engine.has_work())
             if not self.engine.has_work():
                 continue
-            for event in self.engine.step():
-                request = self.pending.get(event.seq.id)
-                if request is not None:
-                    self._deliver(request, event)
-                    if event.finished:
-                        del self.pending[event.seq.id]
-        for request in self.pending.values():  # shutting down: cancel what is left, and say so
-            self.engine.abort(request.seq)
-            self._deliver(request, None)
-        self.pending.clear()
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - a failure outside any one sequence: fail those in flight, go on
+                log.error("an engine step failed: %s: %s", type(e).__name__, e)
+                for request in list(self.pending.values()):
+                    self._end(request, 500, f"the engine failed on this step: {type(e).__name__}: {e}")
+                for seq in list(self.engine.running) + list(self.engine.waiting):
+                    self.engine.abort(seq)  # nobody waits for them now; every block back
+        with self.door:  # shutting down: from here on submit() refuses, so this look at the inbox is the last
+            self.closed = True
+        self._take_inbox(block=False)
+        for request in list(self.pending.values()):
+            self._end(request, 503, SHUTTING_DOWN)
 
 
 # ---- reading a request ---------------------------------------------------------------------------------------------
@@ -125,15 +205,35 @@ def _number(body: dict, name: str, default, low=None, high=None, low_open=False,
         return default
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         raise APIError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+    if isinstance(value, float) and not math.isfinite(value):  # 1e999 in JSON reads as inf
+        raise APIError(400, f"'{name}' must be a finite number, got {value!r}", name)
     if low is not None and (value <= low if low_open else value < low) or high is not None and value > high:
         span = f"{'(' if low_open else '['}{low}, {high}]" if high is not None else f">= {low}"
         raise APIError(400, f"'{name}' must be in {span}, got {value!r}", name)
     return value
 
 
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
+# OpenAI fields this server does not compute -> the value that asks for nothing. Anything else is refused with a
+# 400 naming the field: a client that asks for log probabilities and gets none would be answered wrongly, silently.
+NOT_COMPUTED = {"logprobs": False, "top_logprobs": 0, "echo": False, "best_of": 1, "suffix": "", "logit_bias": {},
+                "presence_penalty": 0, "frequency_penalty": 0, "tools": [], "response_format": {"type": "text"}}
+
+
+def refuse_unsupported(body: dict) -> None:
+    for name, neutral in NOT_COMPUTED.items():
+        value = body.get(name)
+        asks_nothing = value is None or (value is neutral if isinstance(neutral, bool) or isinstance(value, bool)
+                                         else value == neutral)  # logprobs 0 asks for something; False does not
+        if not asks_nothing:
+            raise APIError(400, f"'{name}' is not supported by this server (got {json.dumps(value)[:40]}): leave it "
+                                f"out", name, "unsupported_parameter")
+
+
 def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int] | None,
                     default_max_tokens: int | None) -> SamplingParams:
     """The request's sampling fields, checked against OpenAI's ranges and this engine's room."""
+    refuse_unsupported(body)
     if _number(body, "n", 1, integer=True) != 1:
         raise APIError(400, "only n=1 is supported: send several requests for several completions", "n")
     capacity = engine.capacity()
@@ -151,7 +251,7 @@ def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int
                             f"(this server holds {capacity} positions per request)", name, "context_length_exceeded")
     temperature = _number(body, "temperature", 1.0, low=0, high=2)
     top_p = _number(body, "top_p", 1.0, low=0, high=1, low_open=True)
-    seed = _number(body, "seed", None, integer=True)
+    seed = _number(body, "seed", None, low=SEED_RANGE[0], high=SEED_RANGE[1], integer=True)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
@@ -160,51 +260,117 @@ def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int
                           stop=stop, stop_token_ids=eos_ids)
 
 
-async def read_json(request: Request) -> dict:
-    """The body as a JSON object, refusing oversized bodies before reading them."""
+def prompt_ids(prompt, engine: Engine) -> list[int]:
+    """/v1/completions' `prompt` as token ids. OpenAI takes a string, a list of token ids, or a list of several
+    prompts (strings or id lists); a list holding one prompt is that prompt, and several are refused."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = engine.tokenizer.encode(prompt)
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = prompt
+        bad = next((t for t in ids if not 0 <= t < engine.vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"'prompt' holds the token id {bad}, outside this model's vocabulary (0 to "
+                                f"{engine.vocab_size - 1})", "prompt")
+    elif isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt) and len(prompt) > 1:
+        raise APIError(400, f"'prompt' holds {len(prompt)} prompts; this server takes one per request", "prompt")
+    else:
+        raise APIError(400, "'prompt' is required: a string, or a list of token ids", "prompt")
+    if not ids:
+        raise APIError(400, "'prompt' is empty: it needs at least one token", "prompt")
+    return ids
+
+
+def _reject_json_constant(name: str):
+    raise APIError(400, f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def check_text(value, path: str = "", param: str | None = None) -> None:
+    """Every string in a request must be Unicode that UTF-8 can encode: JSON can spell a lone surrogate
+    ("\\ud800"), which no tokenizer can encode (nor could the answer, were it echoed back). `path` is where `value`
+    is in the body ("messages[0].content"), `param` the top-level field it belongs to."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise APIError(400, f"'{path or 'a key'}' is not valid text: character {e.start} is "
+                                f"{value[e.start]!r}, half of a UTF-16 surrogate pair, which has no UTF-8 encoding",
+                           param) from None
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_text(item, f"{path}[{i}]", param)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, "", param)  # a bad key is not named: it could not be written into the answer
+            check_text(item, f"{path}.{key}" if path else key, param or key)
+
+
+async def read_json(request: Request, worker: EngineThread, timeout_s: float = BODY_TIMEOUT_S) -> dict:
+    """The body as a JSON object, refusing oversized bodies before reading them, and bodies that stall (408) or
+    are still arriving when the server shuts down (503)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"the request body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
+    body = bytearray()
+    deadline = time.monotonic() + timeout_s
+    more = True
+    while more:
+        if not worker.admitting:
+            raise APIError(503, "the server is shutting down and takes no new requests")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise APIError(408, f"the request body did not arrive within {timeout_s:g} s")
+        try:  # wake up now and then: a client may stall, or the server may start shutting down
+            message = await asyncio.wait_for(request.receive(), timeout=min(left, 0.25))
+        except asyncio.TimeoutError:
+            continue
+        if message["type"] == "http.disconnect":
+            raise APIError(499, "the client closed the request")
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
         if len(body) > MAX_BODY_BYTES:
             raise APIError(413, f"the request body is over the limit of {MAX_BODY_BYTES} bytes")
     try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        value = json.loads(body, parse_constant=_reject_json_constant)  # NaN and Infinity are not JSON
+    except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, an integer of 5000 digits, nesting too deep
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise APIError(400, "the request body must be a JSON object")
+    check_text(value)
     return value
 
 
 DISCONNECTED = object()  # what next_event returns once the client has gone
 
 
-async def next_event(request: Request, pending: Pending):
-    """The request's next event from the engine, or DISCONNECTED as soon as the client has hung up (checked at every
-    event, and twice a second while none comes), so its blocks are freed at once."""
+async def next_event(request: Request, pending: Pending, worker: EngineThread):
+    """The request's next Event or Ended from the engine, or DISCONNECTED as soon as the client has hung up
+    (checked at every event, and twice a second while none comes), so its blocks are freed at once."""
     while True:
         if await request.is_disconnected():
             return DISCONNECTED
         try:
             return await asyncio.wait_for(pending.events.get(), timeout=0.5)
         except asyncio.TimeoutError:
-            continue
+            if not (worker.thread.is_alive() or worker.stopping.is_set() or pending.events.qsize()):
+                # the engine thread ended without a word (a shutdown sends one): say so rather than wait forever
+                return Ended(503, "the engine has stopped (GET /health says so); the request was cancelled")
 
 
 # ---- the app ---------------------------------------------------------------------------------------------------------
 
-def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None) -> FastAPI:
-    """The FastAPI app serving `engine` under the model name `model_name`; chat needs the checkpoint's template."""
+def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
+    """The FastAPI app serving `engine` under the model name `model_name`; chat needs the checkpoint's template.
+    `app.state.worker` is its EngineThread, which `serve` stops on SIGINT/SIGTERM."""
     worker = EngineThread(engine)
 
     @asynccontextmanager
     async def lifespan(app):
         worker.start()
         yield
-        worker.stop()  # after uvicorn stopped taking requests: cancel whatever is still running
+        worker.stop()  # `serve` stopped it already; run some other way, the app stops it here (HTTP is closed by now)
 
     app = FastAPI(title="hardway", lifespan=lifespan)
     app.state.worker = worker
@@ -232,25 +398,22 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     async def stats():
         return worker.stats()
 
+    @app.get("/health")
+    async def health():
+        state = worker.health()
+        return JSONResponse(state, status_code=200 if state["status"] == "ok" else 503)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await read_json(request)
+        body = await read_json(request, worker, body_timeout_s)
         check_model(body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise APIError(400, "'prompt' is required: one string (lists of several prompts are not supported)",
-                           "prompt")
-        ids = engine.tokenizer.encode(prompt)
-        if not ids:
-            raise APIError(400, "'prompt' is empty: it needs at least one token", "prompt")
+        ids = prompt_ids(body.get("prompt"), engine)
         params = sampling_params(body, len(ids), engine, None, default_max_tokens=16)  # OpenAI's default: 16
         return await respond(request, body, ids, params, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await read_json(request)
+        body = await read_json(request, worker, body_timeout_s)
         check_model(body)
         if chat is None:
             raise APIError(400, f"'{model_name}' has no chat template: use /v1/completions", "messages")
@@ -270,7 +433,7 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         options = body.get("stream_options") or {}
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
         pending = Pending(ids, params, asyncio.get_running_loop())
-        worker.submit(pending)
+        worker.submit(pending)  # 503 once the server is shutting down
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
@@ -288,12 +451,12 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         if not stream:
             text = []
             while True:
-                event = await next_event(request, pending)
+                event = await next_event(request, pending, worker)
                 if event is DISCONNECTED:
                     worker.cancel(pending)
                     return error_response(499, "the client closed the request")
-                if event is None:
-                    return error_response(503, "the server is shutting down; the request was cancelled")
+                if isinstance(event, Ended):
+                    return error_response(event.status, event.message)
                 text.append(event.text)
                 if event.finished:
                     return {"id": rid, "object": kind, "created": created, "model": model_name,
@@ -314,13 +477,13 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                     first["delta"]["role"] = "assistant"
                     yield sse({**head, "choices": [first]})
                 while True:
-                    event = await next_event(request, pending)
+                    event = await next_event(request, pending, worker)
                     if event is DISCONNECTED:
                         return  # `finally` cancels the request
-                    if event is None:
-                        yield sse({"error": {"message": "the server is shutting down; the request was cancelled",
-                                             "type": "server_error", "param": None, "code": None}})
+                    if isinstance(event, Ended):  # the status line went out long ago: the error is an event
                         done = True
+                        yield sse(error_body(event.status, event.message))
+                        yield "data: [DONE]\n\n"
                         return
                     if event.text or event.finished:
                         finish = event.seq.finish_reason if event.finished else None
@@ -341,9 +504,21 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, except that a stop asked for by SIGINT/SIGTERM ends with exit status 0: uvicorn shuts down
-    gracefully, then re-raises the signal, and the process dies of it. Here the handlers stay installed until the
-    end, and a requested stop is a clean exit."""
+    """uvicorn's server, with a shutdown that finishes every conversation before the HTTP side closes.
+
+    uvicorn alone, on SIGINT/SIGTERM, stops reading requests, waits a few seconds, then cancels the handlers still
+    running: their clients see the stream cut with no word. Here the first signal stops admitting (new requests get
+    503), gives running requests `grace_s` seconds to finish, then has the engine end each one still open with an
+    error (a 503, or an error event and [DONE] on a stream); only when every handler has said its last word does
+    uvicorn shut down. A second signal skips what is left of the grace period; a third ends the process on the
+    spot. The exit status is 0: a stop was asked for (uvicorn would re-raise the signal, and the process would die
+    of it)."""
+
+    def __init__(self, config: uvicorn.Config, worker: EngineThread, grace_s: float):
+        super().__init__(config)
+        self.worker, self.grace_s = worker, grace_s
+        self.n_signals = 0       # SIGINT/SIGTERM received so far
+        self.closing = None      # the task that finishes the conversations
 
     @contextmanager
     def capture_signals(self):
@@ -354,11 +529,40 @@ class _Server(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def handle_exit(self, sig, frame) -> None:
+        # A signal handler: it counts, and on_tick (uvicorn's loop, ten times a second) acts on the count.
+        self.n_signals += 1
+        if self.n_signals >= 3:  # asked three times: no more waiting, not even for the engine's current step
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.n_signals and self.closing is None:
+            self.closing = asyncio.create_task(self.finish_conversations())
+        return await super().on_tick(counter)  # True, and uvicorn shuts down, once should_exit is set
+
+    async def finish_conversations(self) -> None:
+        self.worker.stop_admitting()
+        await wait_while(lambda: self.worker.busy() and self.n_signals < 2, self.grace_s)  # the grace period
+        self.worker.stopping.set()  # the loop ends its current step, then every open request with Ended(503)
+        await wait_while(self.worker.thread.is_alive, 5)
+        await wait_while(lambda: bool(self.server_state.tasks), 5)  # each handler sends its last event
+        self.should_exit = True
+
+
+async def wait_while(condition, seconds: float) -> None:
+    """Return once condition() is false, or after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
 
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
-          block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning") -> None:
-    """Load a model and serve it until SIGINT/SIGTERM (uvicorn handles both: it stops taking requests, lets running
-    ones finish for a few seconds, then the app cancels the rest)."""
+          block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
+          grace_s: float = 5.0) -> None:
+    """Load a model and serve it until SIGINT/SIGTERM: then running requests get `grace_s` seconds to finish, and
+    those still open are ended with an error (see _Server); a second signal ends sooner."""
     import torch
 
     from hardway.hub import checkpoint
@@ -383,4 +587,10 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     engine = Engine(model, tokenizer, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch)
     app = create_app(engine, model_id, chat)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    _Server(config).run()
+    _Server(config, app.state.worker, grace_s).run()
+    if app.state.worker.thread.is_alive():
+        # The engine is still in a step that outlasted the waits above. Exiting normally now would tear down
+        # torch's threads under it, and the process would abort; nobody waits for this step, so end at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -146,7 +146,8 @@ class Sequence:
     n_cached: int = 0                 # positions whose keys/values are in the pool
     text: str = ""                    # the output text so far, up to any stop string
     n_sent: int = 0                   # characters of `text` already handed out (streaming)
-    finish_reason: str | None = None  # "stop", "length" or "abort" once finished
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error" once finished
+    error: str | None = None          # with "error": what went wrong while computing this sequence
     n_preemptions: int = 0
     generator: torch.Generator | None = None
 
@@ -177,6 +178,12 @@ class Engine:
     def __init__(self, model: CausalLM, tokenizer, n_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
                  max_prefill_tokens: int = 2048):
         self.model, self.tokenizer = model, tokenizer
+        self.vocab_size = model.config.vocab_size  # rows of the embedding: the ids the model can read
+        largest = max(tokenizer.decoder)  # the largest id the tokenizer can produce (an added token's, often)
+        if largest >= self.vocab_size:  # files that disagree: refuse now, not at the first prompt that holds such an id
+            raise ValueError(f"the tokenizer has token ids up to {largest}, but the model's vocabulary has only "
+                             f"{self.vocab_size} (ids 0 to {self.vocab_size - 1}): the checkpoint's config.json and "
+                             f"tokenizer do not belong together")
         self.blocks = BlockManager(n_blocks, block_size)
         self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
@@ -190,10 +197,17 @@ class Engine:
         return min(self.model.max_seq_len, self.blocks.n_blocks * self.blocks.block_size)
 
     def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        """Queue a request. Refused at once (PoolTooSmallError) if prompt + max_tokens could never fit."""
+        """Queue a request. Refused at once (PoolTooSmallError) if prompt + max_tokens could never fit, and
+        (ValueError) if a token id is outside the vocabulary: checked here, a bad id fails its own request, not
+        a forward pass that other sequences share."""
         need = len(prompt_ids) + params.max_tokens
         if not prompt_ids:
             raise ValueError("the prompt has no tokens")
+        bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int)
+                    or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad!r} is not in this model's vocabulary: ids run from 0 to "
+                             f"{self.vocab_size - 1}")
         if need > self.capacity():
             raise PoolTooSmallError(f"the prompt's {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = {need} "
                                     f"positions, more than this engine can hold for one sequence ({self.capacity()})")
@@ -217,7 +231,8 @@ class Engine:
 
     def step(self) -> list[Event]:
         """One scheduler iteration: admit and prefill waiting sequences, then one decode step for the running batch.
-        Each sequence gets at most one new token per step."""
+        Each sequence gets at most one new token per step. A sequence whose computation raises is finished with
+        finish_reason "error" (its blocks freed); the others carry on as if it had never been there."""
         events = []
         budget = self.max_prefill_tokens
         decoding = list(self.running)  # admitted in earlier steps: their last token is not in the cache yet
@@ -229,9 +244,9 @@ class Engine:
                 break  # no room now: it stays first in line
             self.waiting.popleft()
             budget -= n
-            logits = self._forward([seq], torch.tensor([seq.tokens], device=self.device))  # (1, 1, V)
             self.running.append(seq)
-            events.append(self._accept(seq, logits[0, -1]))
+            prompt = torch.tensor([seq.tokens], device=self.device)  # (1, n)
+            events.append(self._guarded(seq, lambda: self._accept(seq, self._forward([seq], prompt)[0, -1])))
             if seq.finish_reason is not None:  # done at its first token
                 self._finish(seq)
         for seq in decoding:  # room for one more position each; when the pool is empty, preempt the newest
@@ -240,12 +255,24 @@ class Engine:
         decoding = [s for s in decoding if s in self.running]
         if decoding:
             last = torch.tensor([[s.tokens[-1]] for s in decoding], device=self.device)  # (B, 1)
-            logits = self._forward(decoding, last)  # (B, 1, V)
-            events += [self._accept(s, logits[i, -1]) for i, s in enumerate(decoding)]
+            try:
+                logits = self._forward(decoding, last)  # (B, 1, V)
+                rows = [lambda i=i: logits[i, -1] for i in range(len(decoding))]
+            except Exception:  # noqa: BLE001 - whose fault? Decode each row alone, and fail only the rows that fail
+                rows = [lambda i=i: self._forward([decoding[i]], last[i:i + 1])[0, -1] for i in range(len(decoding))]
+            events += [self._guarded(s, lambda: self._accept(s, row())) for s, row in zip(decoding, rows)]
         for s in decoding:
             if s.finish_reason is not None:
                 self._finish(s)
         return events
+
+    def _guarded(self, seq: Sequence, compute) -> Event:
+        """compute() -> the sequence's Event; if it raises, the sequence alone fails: an "error" Event."""
+        try:
+            return compute()
+        except Exception as e:  # noqa: BLE001 - any failure of one request's computation is that request's
+            seq.finish_reason, seq.error = "error", f"{type(e).__name__}: {e}"
+            return Event(seq, "", True)
 
     def _finish(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hardway.errors import ConfigError
+from hardway.errors import CheckpointError, ConfigError
 from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.loading import load
@@ -235,6 +236,35 @@ def test_a_long_prompt_says_how_many_new_tokens_fit(gpt2):
             generate(gpt2, torch.zeros(1, T, dtype=torch.long), max_new_tokens=1)
 
 
+# --- weights that hold NaN or infinite values are refused at load, naming the tensor ------------------------------
+
+def with_weight(source: Path, folder: Path, suffix: str, value: float) -> Path:
+    """A copy of a checkpoint whose tensor ending in `suffix` has `value` in its first element."""
+    shutil.copytree(source, folder)
+    tensors = load_file(folder / "model.safetensors")
+    name = next(n for n in tensors if n.endswith(suffix))
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = value
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_weight_that_is_not_finite_is_refused_at_load_naming_the_tensor(tiny, tmp_path, value):
+    # One NaN in ln_f.bias used to make every logit NaN: `hardway generate` printed "!!!!!!!!" and exited 0.
+    folder = with_weight(tiny.gpt2, tmp_path / "damaged", "ln_f.bias", value)
+    with pytest.raises(CheckpointError, match=r"tensor '[\w.]*ln_f\.bias' holds NaN or infinite values: the "
+                                              r"checkpoint is damaged"):
+        load(folder)
+
+
+def test_a_weight_beyond_float16s_range_is_refused_in_float16_only(tiny, tmp_path):
+    folder = with_weight(tiny.gpt2, tmp_path / "large", "ln_f.weight", 1e6)  # float16's largest is 65504
+    assert load(folder).final_norm is not None  # float32 holds it
+    with pytest.raises(CheckpointError, match=r"ln_f\.weight' has values beyond the range of torch.float16"):
+        load(folder, dtype=torch.float16)
+
+
 # --- finding 9: verify checks its --out folder first and hands over the checks before it plots --------------------
 
 def test_run_ritual_reports_the_checks_before_it_writes_a_plot(tiny, tmp_path):
@@ -269,6 +299,7 @@ def cli_cases(tiny) -> dict[str, tuple[list, str]]:
         shutil.copytree(tiny.gpt2, bad / "invalid-json")
         (bad / "invalid-json" / "config.json").write_text('{"n_embd": 16,')
         (bad / "a-file").write_text("not a folder")
+        with_weight(tiny.gpt2, bad / "nan-weight", "ln_f.bias", float("nan"))
     cases = {
         "--device banana": (["generate", "--model", tiny.gpt2, "--device", "banana", "hi"],
                             "--device 'banana' is not a device name"),
@@ -289,6 +320,8 @@ def cli_cases(tiny) -> dict[str, tuple[list, str]]:
                                       f"{bad / 'string-n-embd' / 'config.json'}: n_embd must be an integer, got '768'"),
         "config invalid JSON": (["generate", "--model", bad / "invalid-json", "--device", "cpu", "hi"],
                                 f"{bad / 'invalid-json' / 'config.json'} is not valid JSON"),
+        "a NaN in a weight": (["generate", "--model", bad / "nan-weight", "--device", "cpu", "hi"],
+                              "ln_f.bias' holds NaN or infinite values: the checkpoint is damaged"),
         # The model is the GPT-2 stand-in, whose checkpoint() prints a banner: none means it failed before that.
         "verify --out under a file": (["verify", "--model", checkpoint(GPT2_STANDIN), "--device", "cpu",
                                        "--out", bad / "a-file" / "plots"],
@@ -313,7 +346,7 @@ def cli_results(tiny):
 CLI_CASE_NAMES = ["--device banana", "--device mps", "--device cuda", "--device cuda:1", "--temperature -1",
                   "--temperature nan", "--top-p 1.5 greedy", "--top-k -1", "--max-new-tokens 0", "empty prompt",
                   "prompt longer than the context", "prompt leaves room for a few", "config n_embd as a string",
-                  "config invalid JSON", "verify --out under a file"]
+                  "config invalid JSON", "a NaN in a weight", "verify --out under a file"]
 
 
 @pytest.mark.parametrize("name", CLI_CASE_NAMES)

@@ -144,3 +144,16 @@ def test_global_seed_matches_transformers_draw():
     torch.manual_seed(11)
     theirs = torch.multinomial(torch.nn.functional.softmax(scores, dim=-1), num_samples=1).squeeze(1)
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("t", [1e-40, 1e-38])
+def test_a_tiny_temperature_is_its_limit_not_nan(t):
+    """Logits of a few units divided by 1e-40 pass float32's range (inf), and softmax of inf is NaN: the draw used
+    to fail. Such a temperature is now its T -> 0 limit: every row's largest logit gets all the probability."""
+    ids, scores = random_inputs(0)
+    warped = TemperatureLogitsWarper(t)(ids, scores)  # (B, V)
+    probs = warped.softmax(dim=-1)
+    assert probs.isfinite().all() and torch.equal(probs.argmax(dim=-1), scores.argmax(dim=-1))
+    assert torch.equal(probs.max(dim=-1).values, torch.ones(len(scores)))
+    draws = sample_next_token(warped, do_sample=True, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(draws, scores.argmax(dim=-1))

@@ -4,6 +4,8 @@ The engine's greedy output must be token-identical to `hardway.generate` on each
 whatever else is in the batch, and also for sequences that were preempted and recomputed.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -148,3 +150,65 @@ def test_exercise_checks_pass_the_solutions_and_fail_wrong_answers():
     first_listed = check_apply_stop(lambda text, stop: next(((text[:text.index(s)], True) for s in stop if s in text),
                                                             (text, False)))  # first stop listed, not first in text
     assert first_listed.startswith("wrong") and "expected" in first_listed
+
+
+# --- a request the engine cannot compute fails alone -------------------------------------------------------------
+
+POISON = " Poison pill"  # a prompt whose forward passes are made to raise
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_sequence_whose_forward_raises_fails_alone(gpt2, monkeypatch, phase):
+    """The poisoned sequence's forward pass raises, at its prefill or in the batched decode it shares with three
+    others: it alone finishes with "error", the others' tokens equal generate() alone, and every block is back."""
+    model, tok = gpt2
+    prompts, poison = [tok.encode(p) for p in PROMPTS[:3]], tok.encode(POISON)
+    expected = [alone(model, ids, 6) for ids in prompts]
+    forward = Engine._forward
+
+    def raising_forward(self, seqs, input_ids):
+        decoding = input_ids.shape[1] == 1 and len(seqs[0].tokens) > len(seqs[0].prompt_ids)
+        if any(s.prompt_ids == poison for s in seqs) and (phase == "decode") == decoding:
+            raise RuntimeError("injected failure")
+        return forward(self, seqs, input_ids)
+
+    monkeypatch.setattr(Engine, "_forward", raising_forward)
+    engine = Engine(model, tok, n_blocks=64, block_size=4, max_batch=8)
+    params = SamplingParams(max_tokens=6, temperature=0)
+    good = [engine.add(ids, params) for ids in prompts[:2]]
+    bad = engine.add(poison, params)
+    good.append(engine.add(prompts[2], params))
+    events = []
+    while engine.has_work():
+        events += engine.step()
+    assert bad.finish_reason == "error" and "RuntimeError: injected failure" in bad.error
+    assert [e.finished for e in events if e.seq is bad][-1] and sum(e.seq is bad for e in events) <= 2
+    assert [s.output_ids for s in good] == expected and all(s.finish_reason == "length" for s in good)
+    assert engine.blocks.n_free == 64 and not engine.running
+
+
+def test_engine_refuses_token_ids_outside_the_vocabulary(gpt2):
+    model, tok = gpt2
+    engine = Engine(model, tok, n_blocks=16, block_size=4)
+    for bad in (50257, -1, True, 3.0):
+        with pytest.raises(ValueError, match=rf"token id {bad!r} is not in this model's vocabulary: ids run from 0 "
+                                             rf"to 50256"):
+            engine.add([464, bad], SamplingParams(max_tokens=2))
+    assert not engine.has_work()
+
+
+def test_engine_refuses_a_tokenizer_with_ids_the_model_lacks(gpt2):
+    model, _ = gpt2
+    tokenizer = SimpleNamespace(decoder={0: b"a", 50257: b"<|extra|>"})  # one id past GPT-2's 50257 rows
+    with pytest.raises(ValueError, match=r"the tokenizer has token ids up to 50257, but the model's vocabulary has "
+                                         r"only 50257 \(ids 0 to 50256\)"):
+        Engine(model, tokenizer, n_blocks=4, block_size=4)
+
+
+def test_a_tiny_temperature_decodes_as_greedy(gpt2):
+    """temperature 1e-40 (allowed: OpenAI's range is [0, 2]) used to make NaN probabilities and kill the step."""
+    model, tok = gpt2
+    ids = tok.encode(PROMPTS[1])
+    engine = Engine(model, tok, n_blocks=16, block_size=4)
+    [seq] = engine.generate([ids], SamplingParams(max_tokens=6, temperature=1e-40, seed=3))
+    assert seq.output_ids == alone(model, ids, 6)
