@@ -125,7 +125,8 @@ class EngineThread:
     def stats(self) -> dict:
         e = self.engine
         return {"total_blocks": e.blocks.n_blocks, "free_blocks": e.blocks.n_free, "block_size": e.blocks.block_size,
-                "running": len(e.running), "waiting": len(e.waiting), "preemptions": e.n_preemptions}
+                "running": len(e.running), "waiting": len(e.waiting), "preemptions": e.n_preemptions,
+                "aborted": e.n_aborted}
 
     def health(self) -> dict:
         """The engine thread's state, not just the HTTP loop's: "ok", "shutting down" or "engine stopped"."""

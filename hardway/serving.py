@@ -190,6 +190,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()  # first come, first served
         self.running: list[Sequence] = []        # in the order they were admitted: the last is the newest
         self.n_preemptions = 0
+        self.n_aborted = 0  # sequences dropped before they finished: a client gone, a failure, a shutdown
         self.device = self.cache.device
 
     def capacity(self) -> int:
@@ -221,8 +222,10 @@ class Engine:
         """Drop a sequence wherever it is (a client went away): its blocks go back to the pool at once."""
         if seq in self.running:
             self.running.remove(seq)
+            self.n_aborted += 1
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self.n_aborted += 1
         self.blocks.release(seq.block_table)
         seq.finish_reason = seq.finish_reason or "abort"
 
