@@ -75,6 +75,19 @@ def llama_cpp_generate(gguf: str, path: str | None, n_threads: int):
     return run
 
 
+def operators_per_step(model, ids: torch.Tensor) -> int:
+    """The operators Python calls in one eager one-token step (aten ops not called by another aten op), profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        cache = model.new_kv_cache(1, ids.shape[1] + 1)
+        model(ids, kv_cache=cache, start_pos=0, last_only=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(ids[:, -1:], kv_cache=cache, start_pos=ids.shape[1])
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+
+
 def gemv_table(model, bandwidth: float, threads: int, reps: int = 5) -> None:
     """GB/s of each one-token matrix-vector kernel on the model's distinct matrix shapes (fp32, CPU), vs the read
     bandwidth: torch's F.linear on both layouts, and lesson 12's matvec_as_sum compiled by inductor."""
@@ -158,6 +171,7 @@ def main(argv=None) -> float:
     for name, s in tps.items():
         print(f"{name + ':':<18} {s:8.1f} tok/s  ({s / roofline:4.0%} of roofline)  "
               f"tokens {'identical to transformers' if same[name] else 'DIFFERENT from transformers'}")
+    print(f"operators per eager one-token step: {operators_per_step(ours, ids)}")
     if compile_s is not None:
         print(f"compiled step: first call {compile_s:.1f} s (compilation + one generation of "
               f"{n / tps['hardway compiled']:.1f} s)")
