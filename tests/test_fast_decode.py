@@ -6,7 +6,8 @@ hardway.generate (preallocated, last_only prefill, no processors when greedy) gi
 transformers'; the static-shape compiled decode step (lesson 12: a cache seen whole, a mask row, the position as a
 tensor) gives eager's tokens from ONE compiled graph for prompts of several lengths, on GPT-2 and Llama tiny configs
 and the SmolLM2 stand-in (compilations counted by a counting backend around "aot_eager"; lowered once by inductor to
-CPU code; with inductor and CUDA graphs when CUDA is present, skipped otherwise), while lesson 08's growing cache hands
+CPU code; by the default CPU backend, whose one-row matmuls are streaming multiply-and-sum loops over matrices stored
+row by row; with inductor and CUDA graphs when CUDA is present, skipped otherwise), while lesson 08's growing cache hands
 the compiled graph a new signature at every position. Matrices on 2 MB pages keep their values, and the roofline
 counts their bytes, not their maps'.
 """
