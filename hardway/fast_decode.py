@@ -196,6 +196,7 @@ def matvec_as_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def cpu_decode_backend(graph_module, example_inputs):
     """A torch.compile backend: inductor, with every one-row matmul on CPU lowered by matvec_as_sum."""
+    # Imported here, not at the top: hardway.load imports this module, and inductor takes seconds to import.
     from torch._inductor.compile_fx import compile_fx  # inductor's entry point, which takes a decomposition table
     from torch._inductor.decomposition import select_decomp_table
 
