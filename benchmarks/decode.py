@@ -1,14 +1,22 @@
-"""Decode speed: transformers' greedy generate against hardway.generate, side by side, in one process.
+"""Decode speed: hardway against transformers' greedy generate (and llama.cpp, optionally), side by side, in one process.
 
     uv run python benchmarks/decode.py --model openai-community/gpt2
-    uv run python benchmarks/decode.py --model HuggingFaceTB/SmolLM2-135M-Instruct --device cuda --dtype bfloat16
+    uv run python benchmarks/decode.py --model HuggingFaceTB/SmolLM2-135M-Instruct --compile --gemv \\
+        --llama-cpp smollm2-135m-f32.gguf --llama-cpp-path PEER_VENV/lib/python3.11/site-packages
+    uv run python benchmarks/decode.py --model HuggingFaceTB/SmolLM2-135M-Instruct --device cuda --dtype bfloat16 --compile
 
-Both run on the same checkpoint folder, the same prompt, greedy, a fixed number of new tokens (EOS disabled on both
-sides), with a full-length warm-up and several interleaved repetitions (CUDA events on a GPU); tokens must be identical, or
-the run prints its speeds anyway and then exits with status 1. It prints tokens/s for
-both (medians), the ratio, and the fraction of the bandwidth roofline: batch-1 decoding reads every weight once per
-token, so tok/s ≤ memory bandwidth ÷ weight bytes, with the bandwidth measured in this run by a large copy.
-The last line is the ratio.
+Every engine runs on the same checkpoint (llama.cpp on an F32 GGUF converted from the same folder: the README says how),
+the same prompt ids, greedy, a fixed number of new tokens (EOS disabled everywhere), with a full-length warm-up and
+several interleaved repetitions (CUDA events on a GPU); tokens must be identical to transformers', or the run prints its
+speeds anyway and then exits with status 1. It prints tokens/s (medians), each engine's share of the roofline and the
+ratios. Batch-1 decoding reads every weight once per token, so tok/s <= read bandwidth / weight bytes; the read
+bandwidth is measured in this run by a large sum (what decoding does), next to the copy figure (reads and writes).
+
+`--compile`: hardway's static-shape compiled decode step (lesson 12): on CPU inductor with the matrix-vector products as
+streaming sums, on CUDA replayed as one CUDA graph; its first call, the compilation, is timed. `--gemv`: the GB/s of
+each matrix-vector kernel on the model's own matrix shapes. `--llama-cpp GGUF`: llama.cpp on that file, when the
+`llama_cpp` module is importable (`--llama-cpp-path` adds a folder, e.g. a separate venv's site-packages, at the end
+of the import path). The last line is the ratio hardway / transformers (compiled when --compile).
 """
 
 from __future__ import annotations
@@ -17,13 +25,16 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.fast_decode import StaticDecodeStep, measure_bandwidth, roofline_tokens_per_s  # noqa: E402
+from hardway.fast_decode import (StaticDecodeStep, cpu_decode_backend, matvec_as_sum, measure_bandwidth,  # noqa: E402
+                                 measure_read_bandwidth, roofline_tokens_per_s)
 from hardway.generation import generate  # noqa: E402
 from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
 from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
@@ -43,6 +54,61 @@ def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
     return ids
 
 
+def llama_cpp_generate(gguf: str, path: str | None, n_threads: int):
+    """A function ids (1, T) -> (1, T + n) running llama.cpp's greedy decoding (temp 0, top-k 1, no repeat penalty)."""
+    if path:
+        sys.path.append(path)  # at the end: this environment's numpy and torch stay first
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise SystemExit(f"--llama-cpp needs the llama_cpp module ({e}); the README says how to build it") from e
+    llm = llama_cpp.Llama(gguf, n_threads=n_threads, n_threads_batch=n_threads, n_ctx=512, verbose=False)
+
+    def run(ids: torch.Tensor, n: int) -> torch.Tensor:
+        llm.reset()  # no prefix reuse between runs: every run prefills the whole prompt, as the others do
+        prompt, out = ids[0].tolist(), []
+        for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(token)
+            if len(out) == n:
+                break
+        return torch.tensor([prompt + out])
+    return run
+
+
+def operators_per_step(model, ids: torch.Tensor) -> int:
+    """The operators Python calls in one eager one-token step (aten ops not called by another aten op), profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        cache = model.new_kv_cache(1, ids.shape[1] + 1)
+        model(ids, kv_cache=cache, start_pos=0, last_only=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(ids[:, -1:], kv_cache=cache, start_pos=ids.shape[1])
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+
+
+def gemv_table(model, bandwidth: float, threads: int, reps: int = 5) -> None:
+    """GB/s of each one-token matrix-vector kernel on the model's distinct matrix shapes (fp32, CPU), vs the read
+    bandwidth: torch's F.linear on both layouts, and lesson 12's matvec_as_sum compiled by inductor."""
+    shapes = sorted({tuple(p.shape) for p in model.parameters() if p.dim() == 2}, key=lambda s: s[0] * s[1])
+    compiled = torch.compile(lambda x, w: matvec_as_sum(x, w.T), backend=cpu_decode_backend, dynamic=False)
+    print(f"matrix-vector kernels, fp32, {threads} threads, GB/s of weights read (read bandwidth {bandwidth / 1e9:.1f}):")
+    with torch.inference_mode():
+        for shape in shapes:
+            copies = max(1, 64 * 2**20 // (4 * shape[0] * shape[1]))  # >= 64 MiB in all: beyond the caches
+            ws = [torch.randn(shape) for _ in range(copies)]  # (out, in) each, row by row
+            cols = [w.T.contiguous().T for w in ws]  # the same, column by column (decode_layout's wide matrices)
+            x = torch.randn(1, shape[1])  # (1, in)
+            fns = {"F.linear rows": lambda: [F.linear(x, w) for w in ws],
+                   "F.linear columns": lambda: [F.linear(x, w) for w in cols],
+                   "matvec_as_sum rows": lambda: [compiled(x, w) for w in ws]}
+            times, _ = time_interleaved(fns, "cpu", reps)
+            gbs = {k: copies * ws[0].nbytes / statistics.median(t) / 1e9 for k, t in times.items()}
+            print(f"  {shape[0]:>6} x {shape[1]:<5}" + "".join(f"  {k} {v:5.1f} ({v * 1e9 / bandwidth:4.0%})"
+                                                           for k, v in gbs.items()))
+
+
 def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="hub id or local folder")
@@ -51,12 +117,14 @@ def main(argv=None) -> float:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2, the course's CPU)")
-    parser.add_argument("--compile", action="store_true",
-                        help="also time hardway's static-shape compiled decode step, replayed as one CUDA graph (CUDA)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads, every engine (default 2, the course's CPU)")
+    parser.add_argument("--compile", action="store_true", help="also time hardway's compiled static-shape decode step")
+    parser.add_argument("--gemv", action="store_true", help="print each matrix-vector kernel's GB/s (CPU fp32)")
+    parser.add_argument("--llama-cpp", metavar="GGUF", help="also time llama.cpp on this GGUF of the same weights")
+    parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
     args = parser.parse_args(argv)
-    if args.compile and not args.device.startswith("cuda"):
-        raise SystemExit("--compile is the CUDA-graphs path: use it with --device cuda")
+    if args.llama_cpp and args.device != "cpu":
+        raise SystemExit("--llama-cpp compares on the CPU: use it with --device cpu")
     torch.set_num_threads(args.threads)
     dtype = DTYPE_NAMES[args.dtype]
 
@@ -70,46 +138,54 @@ def main(argv=None) -> float:
 
     def run_theirs():
         with torch.inference_mode():
-            return theirs.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+            return theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)
 
-    def run_ours():
-        return generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
-
-    fns = {"theirs": run_theirs, "ours": run_ours}
-    if args.compile:  # the static-shape one-token step, one CUDA graph; its warm-up compiles and records it
-        step = StaticDecodeStep(ours, max_len=ids.shape[1] + n)
-        fns["compiled"] = lambda: step.generate(ids, n, do_sample=False, eos_token_id=None)
+    fns = {"transformers": run_theirs,
+           "hardway": lambda: generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)}
+    compile_s = None
+    if args.compile:  # its own copy: on CPU the compiled step re-stores the matrices row by row
+        step = StaticDecodeStep(load(folder, device=args.device, dtype=dtype), max_len=ids.shape[1] + n)
+        started = time.perf_counter()
+        step.generate(ids, n, do_sample=False, eos_token_id=None)  # the first call compiles
+        compile_s = time.perf_counter() - started
+        fns["hardway compiled"] = lambda: step.generate(ids, n, do_sample=False, eos_token_id=None)
+    if args.llama_cpp:
+        llama_run = llama_cpp_generate(args.llama_cpp, args.llama_cpp_path, args.threads)
+        fns["llama.cpp"] = lambda: llama_run(ids.cpu(), n)
     times, outs = time_interleaved(fns, args.device, args.reps)
-    t_theirs, t_ours, t_compiled = times["theirs"], times["ours"], times.get("compiled")
-    same = outs["theirs"].shape == outs["ours"].shape and torch.equal(outs["theirs"].cpu(), outs["ours"].cpu())
-    if args.compile:
-        same_compiled = torch.equal(outs["compiled"].cpu(), outs["ours"].cpu())
+    tps = {name: n / statistics.median(t) for name, t in times.items()}
+    same = {name: out.shape == outs["transformers"].shape and torch.equal(out.cpu(), outs["transformers"].cpu())
+            for name, out in outs.items()}
 
-    bandwidth = measure_bandwidth(args.device)
+    read_bw = measure_read_bandwidth(args.device)
+    copy_bw = measure_bandwidth(args.device)
     wbytes = weight_bytes(ours)
-    tps_theirs = n / statistics.median(t_theirs)
-    tps_ours = n / statistics.median(t_ours)
-    roofline = roofline_tokens_per_s(wbytes, bandwidth)
+    roofline = roofline_tokens_per_s(wbytes, read_bw)
     loadavg = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}  "
           f"load average {loadavg}")
-    print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up; "
-          f"tokens {'identical' if same else 'DIFFERENT'}")
-    print(f"weights {wbytes / 1e6:.1f} MB; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s; roofline {roofline:.1f} tok/s")
-    print(f"transformers generate: {tps_theirs:8.1f} tok/s  ({tps_theirs / roofline:.0%} of roofline)")
-    print(f"hardway generate:      {tps_ours:8.1f} tok/s  ({tps_ours / roofline:.0%} of roofline)")
-    ratio = tps_ours / tps_theirs
-    if t_compiled is not None:
-        tps_compiled = n / statistics.median(t_compiled)
-        print(f"hardway compiled:      {tps_compiled:8.1f} tok/s  ({tps_compiled / roofline:.0%} of roofline); "
-              f"tokens identical to eager: {same_compiled}")
-        print(f"ratio hardway eager / transformers: {ratio:.2f}")
-        ratio = tps_compiled / tps_theirs
-        print(f"ratio hardway compiled / transformers: {ratio:.2f}")
-    else:
-        print(f"ratio hardway / transformers: {ratio:.2f}")
-    if not same:  # the speeds are printed, but a fast wrong answer is a failure
-        raise SystemExit("FAIL: hardway.generate and transformers' generate produced different tokens")
+    print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up")
+    print(f"weights {wbytes / 1e6:.1f} MB; read bandwidth (a 1 GiB sum) {read_bw / 1e9:.1f} GB/s, copy {copy_bw / 1e9:.1f}"
+          f" GB/s; roofline {roofline:.1f} tok/s")
+    for name, s in tps.items():
+        print(f"{name + ':':<18} {s:8.1f} tok/s  ({s / roofline:4.0%} of roofline)  "
+              f"tokens {'identical to transformers' if same[name] else 'DIFFERENT from transformers'}")
+    print(f"operators per eager one-token step: {operators_per_step(ours, ids)}")
+    if compile_s is not None:
+        print(f"compiled step: first call {compile_s:.1f} s (compilation + one generation of "
+              f"{n / tps['hardway compiled']:.1f} s)")
+    if args.gemv and args.device == "cpu" and dtype == torch.float32:
+        gemv_table(ours, read_bw, args.threads)
+    best = "hardway compiled" if args.compile else "hardway"
+    if args.llama_cpp:
+        print(f"ratio {best} / llama.cpp: {tps[best] / tps['llama.cpp']:.2f}")
+    if args.compile:
+        print(f"ratio hardway compiled / eager: {tps['hardway compiled'] / tps['hardway']:.2f}")
+    ratio = tps[best] / tps["transformers"]
+    print(f"ratio {best} / transformers: {ratio:.2f}")
+    if not all(same.values()):  # the speeds are printed, but a fast wrong answer is a failure
+        raise SystemExit(f"FAIL: different tokens from transformers': {[k for k, v in same.items() if not v]}")
     return ratio
 
 

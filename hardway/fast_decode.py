@@ -26,6 +26,15 @@ def measure_bandwidth(device="cpu", mib: int | None = None, reps: int = 5, copie
     return 2 * src.nbytes * copies / statistics.median(times["copy"])
 
 
+def measure_read_bandwidth(device="cpu", mib: int = 1024, reps: int = 5) -> float:
+    """Bytes/s read by a sum over `mib` MiB of fp32 (median of `reps`): memory traffic as decoding sees it, every byte
+    read once and nothing written back. A copy also writes, and on most CPUs writing a line first reads it, so the
+    copy's bytes/s is the wrong figure for a roofline of reads."""
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
+    times, _ = time_interleaved({"sum": lambda: x.sum()}, device, reps)
+    return x.nbytes / statistics.median(times["sum"])
+
+
 def roofline_tokens_per_s(n_weight_bytes: int, bandwidth: float) -> float:
     """The batch-1 speed limit: every weight byte crosses the memory bus once per token."""
     return bandwidth / n_weight_bytes
@@ -37,9 +46,10 @@ HUGE_PAGE = 2 * 2**20  # bytes: a transparent huge page on x86-64 and most arm64
 def empty_on_huge_pages(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor whose memory Linux may back with 2 MB pages instead of 4 KB ones.
 
-    Decoding streams every weight from memory once per token. Through 4 KB pages that is a TLB miss every 4 KB and a
-    hardware prefetcher that stops at every page boundary; through 2 MB pages, 512 times fewer of both. Where the OS
-    has no transparent huge pages (macOS, Windows) this is torch.empty."""
+    Decoding streams every weight from memory once per token. Through 4 KB pages that is a new address translation
+    every 4 KB (a TLB miss, often a page walk); through 2 MB pages, 512 times fewer. (The hardware prefetchers stop at
+    4 KB boundaries whatever the page size: huge pages do not help them.) Where the OS has no transparent huge pages
+    (macOS, Windows) this is torch.empty."""
     nbytes = math.prod(shape) * dtype.itemsize
     advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
     if advice is None or nbytes < HUGE_PAGE:
@@ -118,12 +128,17 @@ class StaticDecodeStep:
     position buffers live at fixed addresses, so one CUDA graph serves the whole generation.
 
     `step.generate(input_ids, max_new_tokens, ...)` is `hardway.generate` with an eager prefill into this cache and
-    compiled one-token steps. On CUDA the defaults are gpt-fast's: inductor with mode="reduce-overhead" (CUDA graphs);
-    `backend` may be any torch.compile backend ("eager", "aot_eager", a counting one): that is how the CPU tests
-    check that the step is one graph and gives eager's tokens."""
+    compiled one-token steps. The default backend: on CUDA gpt-fast's, inductor with mode="reduce-overhead" (CUDA
+    graphs); on CPU `cpu_decode_backend` (below), for which the model's matrices are re-stored row by row. `backend`
+    may be any torch.compile backend ("eager", "aot_eager", a counting one): that is how the CPU tests check that the
+    step is one graph and gives eager's tokens."""
 
-    def __init__(self, model, max_len: int, batch_size: int = 1, backend="inductor", mode: str | None = "reduce-overhead"):
+    def __init__(self, model, max_len: int, batch_size: int = 1, backend=None, mode: str | None = "reduce-overhead"):
         self.model = model
+        if backend is None and next(model.parameters()).device.type == "cpu":
+            backend, mode = cpu_decode_backend, None  # defined with the CPU section of this lesson
+            lay_out_rows(model)  # the rows its matrix-vector loops stream
+        backend = "inductor" if backend is None else backend
         self.kv_cache = StaticKVCache.like(model.new_kv_cache(batch_size, max_len))  # through the model's contract
         device = self.kv_cache.k.device
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # (B, 1) the graph's input token
@@ -171,3 +186,42 @@ def teacher_forced_agreement(model, step: StaticDecodeStep, ids: torch.Tensor, p
         agree += (eager.argmax(-1) == compiled.argmax(-1)).sum()
         delta = torch.maximum(delta, (eager - compiled).abs().max())
     return agree.item() / (B * (N - prompt_len)), delta.item()
+
+
+def matvec_as_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (1, in) @ b (in, out) -> (1, out) as a multiply and a sum, which inductor compiles to one streaming loop."""
+    a = torch.ops.prims.inductor_force_stride_order.default(a, a.stride())  # a buffer: nothing recomputed per row
+    return (a.unsqueeze(2) * b.unsqueeze(0)).sum(dim=1)  # (1, in, 1) * (1, in, out), summed over in
+
+
+def cpu_decode_backend(graph_module, example_inputs):
+    """A torch.compile backend: inductor, with every one-row matmul on CPU lowered by matvec_as_sum."""
+    # Imported here, not at the top: hardway.load imports this module, and inductor takes seconds to import.
+    from torch._inductor.compile_fx import compile_fx  # inductor's entry point, which takes a decomposition table
+    from torch._inductor.decomposition import select_decomp_table
+
+    aten = torch.ops.aten
+    table = select_decomp_table()
+    inductor_mm = table[aten.mm.default]
+
+    def mm(a, b):
+        return matvec_as_sum(a, b) if a.device.type == "cpu" and a.shape[0] == 1 else inductor_mm(a, b)
+
+    def addmm(bias, a, b, beta=1, alpha=1):  # a Linear with a bias (GPT-2, Qwen2's q, k, v)
+        if a.device.type == "cpu" and a.shape[0] == 1 and beta == 1 and alpha == 1:
+            return bias + matvec_as_sum(a, b)
+        return NotImplemented  # inductor's own lowering
+
+    return compile_fx(graph_module, example_inputs,
+                      decompositions={**table, aten.mm.default: mm, aten.addmm.default: addmm})
+
+
+def lay_out_rows(model: nn.Module) -> nn.Module:
+    """Every weight matrix of a CPU fp32 model re-stored row by row on 2 MB pages, in place, ties kept: the layout
+    matvec_as_sum's loop streams. Same values and shapes; eager matmuls on it are slower (decode_layout's reason)."""
+    weight = next(model.parameters())
+    if use_decode_layout(weight.device, weight.dtype):
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.data = empty_on_huge_pages(tuple(p.shape), p.dtype).copy_(p.data)
+    return model

@@ -6,7 +6,8 @@ hardway.generate (preallocated, last_only prefill, no processors when greedy) gi
 transformers'; the static-shape compiled decode step (lesson 12: a cache seen whole, a mask row, the position as a
 tensor) gives eager's tokens from ONE compiled graph for prompts of several lengths, on GPT-2 and Llama tiny configs
 and the SmolLM2 stand-in (compilations counted by a counting backend around "aot_eager"; lowered once by inductor to
-CPU code; with inductor and CUDA graphs when CUDA is present, skipped otherwise), while lesson 08's growing cache hands
+CPU code; by the default CPU backend, whose one-row matmuls are streaming multiply-and-sum loops over matrices stored
+row by row; with inductor and CUDA graphs when CUDA is present, skipped otherwise), while lesson 08's growing cache hands
 the compiled graph a new signature at every position. Matrices on 2 MB pages keep their values, and the roofline
 counts their bytes, not their maps'.
 """
@@ -21,7 +22,8 @@ from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from hardway.fast_decode import (HUGE_PAGE, StaticDecodeStep, StaticKVCache, decode_layout, empty_on_huge_pages,
-                                 measure_bandwidth, roofline_tokens_per_s, teacher_forced_agreement)
+                                 measure_bandwidth, measure_read_bandwidth, roofline_tokens_per_s,
+                                 teacher_forced_agreement)
 from hardway.generation import generate
 from hardway.loading import load
 from hardway.memory import weight_bytes
@@ -286,6 +288,26 @@ def test_static_step_lowered_by_inductor_on_cpu_is_one_graph_with_eager_tokens(t
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor's CPU code needs a C++ compiler")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_default_cpu_step_streams_matvecs_in_one_graph_with_eager_tokens(tiny_models, name):
+    """The CPU default: cpu_decode_backend (one-row matmuls as multiply-and-sum loops; GPT-2's carry a bias, Llama's
+    not) on matrices re-stored row by row. One graph for prompts of two lengths, eager's tokens, the values kept."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    folder, _ = tiny_models[name]
+    model, eager_model = load(folder), load(folder)
+    step = StaticDecodeStep(model, max_len=7 + 12)  # CPU: cpu_decode_backend, lay_out_rows
+    assert all(p.is_contiguous() for p in model.parameters())  # row by row now
+    for T in (3, 7):
+        ids = prompt(100, T=T, seed=3)
+        assert torch.equal(step.generate(ids, 12, eos_token_id=None), generate(eager_model, ids, 12, eos_token_id=None))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager_model.parameters()))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA-graphs decode step needs CUDA")
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_static_cuda_graph_step_gives_eager_tokens_fp32(tiny_models, name):
@@ -305,6 +327,7 @@ def test_roofline_arithmetic(tiny_models):
     assert n_params == 120 * 64 + 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 96 + 2 * 64) + 64
     assert roofline_tokens_per_s(2e9, 20e9) == 10.0
     assert measure_bandwidth("cpu", mib=8, reps=2) > 1e8  # any machine copies faster than 100 MB/s
+    assert measure_read_bandwidth("cpu", mib=8, reps=2) > 1e8
 
 
 def test_time_interleaved_warms_up_then_times_each_call():
