@@ -13,6 +13,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 LESSONS = {int(p.name[:2]) for p in NOTEBOOKS}
 LESSON_REF = re.compile(r"\b[Ll]essons?\s+(\d{1,2})((?:\s*(?:[-–,]|and|or|to)\s*\d{1,2})*)")
 OUTSIDE = re.compile(r"\.\./shared|\bshared/reference\b|/work/|\.\./\.library|\.library/")
+TIMING_ASSERT = re.compile(r"^\s*assert\b.*(step\[|tok_per_s|tokens_per_s|elapsed|perf_counter|speed|_ms\b|seconds|"
+                           r"wall\b|ttft|itl\b)", re.M)
 PLANNING = re.compile(r"(?i)course's target|\bthe target is\b|\bspeed target\b|\d(?:\.\d+)?x target|\(target\b(?!=)|"
                       r"\bseed asks\b|\bthe issue\b|\bissue's\b")
 
@@ -55,6 +57,14 @@ def test_no_planning_words_reach_the_learner():
     assert not found, "planning words in the course:\n" + "\n".join(found)
 
 
+def test_no_notebook_asserts_a_timing():
+    """A timing depends on the machine and on what else it runs: a lesson prints and plots it, and the benchmarks
+    judge speed, so that a lesson runs top to bottom on any machine."""
+    found = [f"{where}: {m.group(0).strip()[:100]!r}" for where, text in texts() if ".ipynb cell " in where
+             for m in TIMING_ASSERT.finditer(text)]
+    assert not found, "asserts on timings:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("text, numbers", [("lesson 04", [4]), ("lessons 03-06", [3, 4, 5, 6]),
                                            ("Lessons 05 and 06", [5, 6]), ("lessons 11–12", [11, 12])])
 def test_lesson_references_are_read_as_a_learner_reads_them(text, numbers):
@@ -66,3 +76,5 @@ def test_the_checks_catch_what_they_look_for():
     assert OUTSIDE.search("open ../shared/reference/matching-transformers.md")
     assert PLANNING.search("the course's target is 1.3x") and PLANNING.search("as the seed asks")
     assert not PLANNING.search("torch.manual_seed(0); targets = ids[:, 1:]")
+    assert TIMING_ASSERT.search("x = 1\nassert step[16] < 16 * step[1]") and TIMING_ASSERT.search("  assert speedup > 1.5")
+    assert not TIMING_ASSERT.search("print(f'{speedup:.1f}x')\nassert torch.equal(a, b)")

@@ -296,7 +296,6 @@ def test_load_32_streaming_clients(smollm, smollm_reference):
 
     print(f"\n32 clients: {tokens} tokens in {wall:.1f} s = {tokens / wall:.1f} tok/s; TTFT p50 {pct(ttfts, .5):.2f} s "
           f"p99 {pct(ttfts, .99):.2f} s; ITL p50 {pct(gaps, .5) * 1e3:.0f} ms p99 {pct(gaps, .99) * 1e3:.0f} ms")
-    assert wall < 300
     smollm.wait_pool_full()
 
 
