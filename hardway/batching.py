@@ -9,7 +9,6 @@ import statistics
 import torch
 
 from hardway.generation import generate  # lesson 08
-from hardway.gpt2 import positions_and_mask  # lesson 04
 from hardway.timing import timed  # lesson 10
 
 
@@ -96,45 +95,3 @@ def matmul_flops(device="cpu", dtype: torch.dtype = torch.float32, n: int = 1024
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)  # (n, n)
     a @ b  # warm-up
     return 2 * n**3 / statistics.median(timed(lambda: a @ b, device)[0] for _ in range(reps))
-
-
-# Exercise checks for lesson 13's batching part: each returns one line, "not attempted yet", "right: ..." or "wrong: ...".
-CHECK_TOKEN_LISTS = [[[5, 6, 7], [8]], [[1, 2], [3, 4]], [[9]], [[4, 4, 4, 4], [7, 7], [1, 2, 3]]]
-
-
-def check_left_pad(my_left_pad) -> str:
-    """Exercise 3: my_left_pad(token_lists, pad_id) -> the input_ids and attention_mask left_pad gives."""
-    if my_left_pad is None:
-        return "not attempted yet: set my_left_pad to your function"
-    for token_lists in CHECK_TOKEN_LISTS:
-        expected_ids, expected_mask = left_pad(token_lists, pad_id=0)
-        try:
-            got_ids, got_mask = my_left_pad([list(ids) for ids in token_lists], 0)
-        except Exception as e:
-            return f"wrong: {token_lists} raised {e!r}"
-        for name, got, expected in (("input_ids", got_ids, expected_ids), ("attention_mask", got_mask, expected_mask)):
-            if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.long(), expected):
-                return (f"wrong: for {token_lists} {name} should be {expected.tolist()}, got "
-                        f"{got.tolist() if isinstance(got, torch.Tensor) else got!r}")
-    return f"right: {len(CHECK_TOKEN_LISTS)} batches padded on the left, masks included"
-
-
-def check_positions_and_mask(my_positions_and_mask) -> str:
-    """Exercise 4: my_positions_and_mask(attention_mask) -> positions_and_mask's positions (B, S) and mask (B, 1, S, S)."""
-    if my_positions_and_mask is None:
-        return "not attempted yet: set my_positions_and_mask to your function"
-    for token_lists in CHECK_TOKEN_LISTS:
-        input_ids, attention_mask = left_pad(token_lists)  # (B, S) each
-        expected_positions, expected_mask = positions_and_mask(attention_mask, input_ids)  # lesson 04
-        try:
-            positions, mask = my_positions_and_mask(attention_mask.clone())
-        except Exception as e:
-            return f"wrong: attention_mask {attention_mask.tolist()} raised {e!r}"
-        if not isinstance(positions, torch.Tensor) or not torch.equal(positions.long(), expected_positions):
-            return (f"wrong: for attention_mask {attention_mask.tolist()} positions should be "
-                    f"{expected_positions.tolist()}, got {positions.tolist() if isinstance(positions, torch.Tensor) else positions!r}")
-        if not isinstance(mask, torch.Tensor) or mask.shape != expected_mask.shape or not torch.equal(mask.bool(), expected_mask):
-            shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            return (f"wrong: for attention_mask {attention_mask.tolist()} the mask (shape {shape}, expected "
-                    f"{tuple(expected_mask.shape)}) differs: a query sees key j when j <= its column and key j is real")
-    return f"right: positions and masks of {len(CHECK_TOKEN_LISTS)} padded batches"

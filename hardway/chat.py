@@ -227,39 +227,6 @@ class ChatTemplate:
         return ids
 
 
-# Exercise checks for lesson 13: each returns one line, "not attempted yet", "right: ..." or "wrong: ...".
-CHECK_CONVERSATIONS = [
-    [{"role": "user", "content": "Hi!"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}],
-    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
-     {"role": "user", "content": "Another one,\nplease."}],
-    [{"role": "system", "content": "You count."}, {"role": "user", "content": "1"},
-     {"role": "assistant", "content": "2"}, {"role": "user", "content": "3"}, {"role": "assistant", "content": "4"}],
-]
-
-
-def _first_difference(expected: str, got: str) -> str:
-    k = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
-    return f"at character {k}: expected {expected[k:k + 20]!r}, got {got[k:k + 20]!r}"
-
-
-def check_chatml(my_chatml, chat: ChatTemplate) -> str:
-    """Exercise 1: my_chatml(messages, add_generation_prompt) -> the text chat.render gives."""
-    if my_chatml is None:
-        return "not attempted yet: set my_chatml to your function"
-    for n, messages in enumerate(CHECK_CONVERSATIONS):
-        for add_generation_prompt in (False, True):
-            expected = chat.render(messages, add_generation_prompt=add_generation_prompt)
-            try:
-                got = my_chatml([dict(m) for m in messages], add_generation_prompt)
-            except Exception as e:
-                return f"wrong: conversation {n} (add_generation_prompt={add_generation_prompt}) raised {e!r}"
-            if got != expected:
-                return (f"wrong: conversation {n} (add_generation_prompt={add_generation_prompt}) differs "
-                        f"{_first_difference(expected, got if isinstance(got, str) else repr(got))}")
-    return f"right: {2 * len(CHECK_CONVERSATIONS)} renderings equal to the template's"
-
-
 def fit_conversation(chat: ChatTemplate, messages: list[dict], max_tokens: int) -> list[dict]:
     """The messages to send so that the prompt (with the generation prompt) has at most `max_tokens` tokens: a leading
     system message and the last message stay, the others go oldest first, a whole exchange at a time: a user message
@@ -274,38 +241,3 @@ def fit_conversation(chat: ChatTemplate, messages: list[dict], max_tokens: int) 
             return kept
     raise ChatTemplateError(f"even the system message and the last message need "
                             f"{len(chat.encode(kept, add_generation_prompt=True))} tokens, more than {max_tokens}")
-
-
-def _describe(messages) -> str:
-    """A short view of a message list, for the checks' verdicts: [system:'You count.', user:'1', ...]."""
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        return repr(messages)[:80]
-    return "[" + ", ".join(f"{m.get('role')}:{str(m.get('content'))[:12]!r}" for m in messages) + "]"
-
-
-def check_fit_conversation(my_fit_conversation, chat: ChatTemplate) -> str:
-    """Exercise 2: my_fit_conversation(chat, messages, max_tokens) keeps what fit_conversation keeps."""
-    if my_fit_conversation is None:
-        return "not attempted yet: set my_fit_conversation to your function"
-    messages = CHECK_CONVERSATIONS[3] + [{"role": "user", "content": "What comes next, and why is that so?"}]
-    full = len(chat.encode(messages, add_generation_prompt=True))
-    minimum = len(chat.encode([messages[0], messages[-1]], add_generation_prompt=True))
-    for max_tokens in (full, full - 1, (full + minimum) // 2, minimum, minimum - 1):
-        try:
-            expected = fit_conversation(chat, messages, max_tokens)
-        except ChatTemplateError:
-            expected = None
-        try:
-            got = my_fit_conversation(chat, [dict(m) for m in messages], max_tokens)
-        except ChatTemplateError as e:
-            if expected is None:
-                continue
-            return f"wrong: with max_tokens={max_tokens} you raised ({e}) but {len(expected)} messages fit"
-        except Exception as e:
-            return f"wrong: with max_tokens={max_tokens} your function raised {e!r}"
-        if expected is None:
-            return (f"wrong: with max_tokens={max_tokens} even the system and last messages do not fit "
-                    f"({minimum} tokens): raise ChatTemplateError")
-        if got != expected:
-            return f"wrong: with max_tokens={max_tokens} expected {_describe(expected)}, got {_describe(got)}"
-    return "right: keeps the system and last messages, drops whole exchanges oldest first, and refuses what cannot fit"

@@ -10,7 +10,7 @@ STANDIN_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the offline stand-in: real
 
 def pick_llama_checkpoint(model_id: str = LLAMA_ID, fallback_id: str = FALLBACK_ID):
     """(model id, local folder): `model_id`, else `fallback_id` when the hub refuses it, else the offline stand-in."""
-    if (models_dir() / STANDIN_ID / "STANDIN.md").exists():  # the models folder is the stand-ins folder (CI)
+    if (models_dir() / STANDIN_ID / "STANDIN.md").exists():  # the models folder is the stand-ins folder (offline)
         return STANDIN_ID, checkpoint(STANDIN_ID)
     try:
         return model_id, checkpoint(model_id)

@@ -14,9 +14,11 @@ def my_roofline_tokens_per_s(model, bandwidth, context_len):
     return bandwidth / (weight_bytes(model) + context_len * per_position)
 
 
-# Exercise 2: write at a position tensor with index_copy_, return every slot.
-def my_static_update(k_cache, v_cache, start_pos, k, v):
-    positions = start_pos + torch.arange(k.shape[2], device=k.device)  # (T,)
-    k_cache.index_copy_(2, positions, k)  # (B, H, max_len, d), in place
-    v_cache.index_copy_(2, positions, v)
-    return k_cache, v_cache
+# Exercise 2: predictions, (graphs compiled for the calls, whether a graph reads the position back to the host).
+my_predictions = {
+    "int_slice": (3, False),  # a Python int is a constant of the graph: a guard on its value, a new graph per position
+    "item_slice": (1, True),  # the tensor keeps one graph, but int(pos) copies the number out at every call
+    "index_copy": (1, False),  # the position is data: same shapes, same graph, nothing read back
+    "where_row": (1, False),  # the mask row is computed from the tensor on the device: the same
+    "index_copy_after_prefill": (2, False),  # guards check shapes: the 3-token prefill is a graph of its own
+}

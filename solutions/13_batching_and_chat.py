@@ -39,18 +39,18 @@ def my_fit_conversation(chat, messages, max_tokens):
             rest = rest[1:]
 
 
-# Exercise 3: left padding by hand.
-def my_left_pad(token_lists, pad_id):
-    T = max(len(ids) for ids in token_lists)
-    input_ids = torch.tensor([[pad_id] * (T - len(ids)) + list(ids) for ids in token_lists])  # (B, T)
-    attention_mask = torch.tensor([[0] * (T - len(ids)) + [1] * len(ids) for ids in token_lists])  # (B, T)
-    return input_ids, attention_mask
+# Exercise 3: prompts packed end to end in one row.
+def my_pack(lengths):
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # (N,): which prompt
+    positions = torch.cat([torch.arange(n) for n in lengths])  # (N,): each prompt counts from 0 again
+    N = len(segment)
+    causal = torch.ones(N, N, dtype=torch.bool).tril()  # (N, N): key j <= query i
+    return positions, causal & (segment[:, None] == segment[None, :])  # and the same prompt: block-diagonal
 
 
-# Exercise 4: positions and mask of a left-padded batch.
-def my_positions_and_mask(attention_mask):
-    real = attention_mask.bool()  # (B, S)
-    positions = (real.long().cumsum(-1) - 1).masked_fill(~real, 0)  # (B, S)
-    S = attention_mask.shape[1]
-    causal = torch.ones(S, S, dtype=torch.bool).tril()  # (S, S): key j <= query i
-    return positions, causal & real[:, None, None, :]  # (B, 1, S, S)
+# Exercise 4: next-token logits of a right-padded batch. The filler comes after every real token, so the causal mask
+# already hides it from them, and their positions are their columns: no mask is needed, only the right column.
+def my_right_padded_next_logits(model, input_ids, attention_mask):
+    logits = model(input_ids)  # (B, T, V)
+    last = attention_mask.sum(dim=1) - 1  # (B,): each row's last real token
+    return logits[torch.arange(len(last)), last]  # (B, V)

@@ -1,5 +1,5 @@
 """Lesson 13's batching and `hardway chat`: left-padded batches equal transformers' batched generate and each prompt
-alone; bad masks are refused in one line; the exercises' checks; the chat command through a pseudo-terminal."""
+alone; bad masks are refused in one line; the chat command through a pseudo-terminal."""
 
 import io
 import os
@@ -17,13 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hardway
-from hardway.batching import batch_invariance, check_left_pad, check_positions_and_mask, encode_batch, left_pad
+from hardway.batching import batch_invariance, encode_batch, left_pad
 from hardway.chat import ChatTemplate
 from hardway.chat_cli import chat_loop
 from hardway.hub import checkpoint
 from hardway.tokenizer import load_tokenizer
 from test_contract import tiny_checkpoint  # tiny GPT-2, Llama and Qwen2 checkpoints written by transformers
-from exercise_solutions import load_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -149,44 +148,6 @@ def test_left_pad_refuses_empty_input():
     with pytest.raises(ValueError, match="list of prompts"):
         encode_batch(load_tokenizer(checkpoint(SMOLLM2)), "one prompt")
 
-
-# ---- the exercises' checks ----------------------------------------------------------------------------------------
-
-def _solutions():
-    return load_solutions("13_batching_and_chat")
-
-
-def test_check_left_pad():
-    solution = _solutions().my_left_pad
-    assert check_left_pad(None).startswith("not attempted yet")
-    assert check_left_pad(solution).startswith("right")
-
-    def right_pads(token_lists, pad_id):
-        ids, mask = solution(token_lists, pad_id)
-        return ids.flip(1), mask.flip(1)
-
-    assert check_left_pad(right_pads).startswith("wrong: for [[5, 6, 7], [8]] input_ids")
-    assert check_left_pad(lambda t, p: (solution(t, p)[0], None)).startswith("wrong: for [[5, 6, 7], [8]] attention_mask")
-
-
-def test_check_positions_and_mask():
-    solution = _solutions().my_positions_and_mask
-    assert check_positions_and_mask(None).startswith("not attempted yet")
-    assert check_positions_and_mask(solution).startswith("right")
-
-    def counts_padding(mask):  # positions by column, as if there were no padding
-        _, m = solution(mask)
-        return torch.arange(mask.shape[1]).expand(mask.shape[0], -1), m
-
-    def causal_only(mask):  # forgets to hide the padding keys
-        positions, m = solution(mask)
-        return positions, m | torch.ones_like(m).tril()
-
-    assert check_positions_and_mask(counts_padding).startswith("wrong: for attention_mask [[1, 1, 1], [0, 0, 1]] positions")
-    assert check_positions_and_mask(causal_only).startswith("wrong: for attention_mask [[1, 1, 1], [0, 0, 1]] the mask")
-
-
-# ---- hardway chat and generate --chat -----------------------------------------------------------------------------
 
 def test_chat_loop_drops_the_oldest_messages_to_fit():
     folder = checkpoint(SMOLLM2)

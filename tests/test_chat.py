@@ -16,10 +16,8 @@ import transformers.utils.chat_template_utils as hf_chat
 from transformers import AutoTokenizer
 
 import hardway.chat
-from hardway.chat import (ChatTemplate, ChatTemplateError, check_chatml, check_fit_conversation, read_chat_template,
-                          read_special_tokens)
+from hardway.chat import ChatTemplate, ChatTemplateError, read_chat_template, read_special_tokens
 from hardway.hub import checkpoint
-from exercise_solutions import load_solutions
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LLAMA_TOKENIZER = "meta-llama/Llama-3.2-tokenizer"
@@ -424,59 +422,3 @@ def test_bad_messages(templates, messages, problem):
     with pytest.raises(ChatTemplateError, match=problem) as error:
         chat.encode(messages, add_generation_prompt=True)
     assert isinstance(error.value, ValueError) and "\n" not in str(error.value)
-
-
-# ---- the exercises' checks ----------------------------------------------------------------------------------------
-
-def _solutions():
-    return load_solutions("13_batching_and_chat")
-
-
-def test_check_chatml(templates):
-    chat = templates["smollm2"][0]
-    assert check_chatml(None, chat).startswith("not attempted yet")
-    assert check_chatml(_solutions().my_chatml, chat).startswith("right")
-
-    def no_default_system(messages, add_generation_prompt):  # forgets SmolLM2's default system message
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-    def no_trailing_newline(messages, add_generation_prompt):
-        return _solutions().my_chatml(messages, add_generation_prompt).rstrip("\n")
-
-    verdict = check_chatml(no_default_system, chat)
-    assert verdict.startswith("wrong: conversation 0") and "expected 'system\\nYou are" in verdict
-    assert check_chatml(no_trailing_newline, chat).startswith("wrong: conversation 0 (add_generation_prompt=False)")
-
-
-def test_check_fit_conversation(templates):
-    chat = templates["smollm2"][0]
-    solution = _solutions().my_fit_conversation
-    assert check_fit_conversation(None, chat).startswith("not attempted yet")
-    assert check_fit_conversation(solution, chat).startswith("right")
-
-    def drops_newest(chat, messages, max_tokens):  # keeps the oldest instead
-        kept = list(messages)
-        while len(chat.encode(kept, add_generation_prompt=True)) > max_tokens and len(kept) > 2:
-            del kept[-2]
-        return kept
-
-    def never_refuses(chat, messages, max_tokens):
-        try:
-            return solution(chat, messages, max_tokens)
-        except ChatTemplateError:
-            return [messages[0], messages[-1]]
-
-    def drops_the_system_message(chat, messages, max_tokens):
-        return solution(chat, messages[1:], max_tokens)
-
-    def one_message_at_a_time(chat, messages, max_tokens):  # leaves an answer whose question is gone
-        head, rest = messages[:1], messages[1:]
-        while len(chat.encode(head + rest, add_generation_prompt=True)) > max_tokens and len(rest) > 1:
-            rest = rest[1:]
-        return head + rest
-
-    assert check_fit_conversation(drops_newest, chat).startswith("wrong: with max_tokens=")
-    assert check_fit_conversation(one_message_at_a_time, chat).startswith("wrong: with max_tokens=")
-    assert "raise ChatTemplateError" in check_fit_conversation(never_refuses, chat)
-    assert check_fit_conversation(drops_the_system_message, chat).startswith("wrong:")

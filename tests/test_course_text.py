@@ -1,5 +1,5 @@
 """The course's text: every "lesson NN" names a lesson that exists, nothing points outside the repository, and no
-planning words reach the learner. Read from the notebooks, the README, the exported package, the solutions and the
+planning or development words reach the learner (the course speaks to its reader, not about how it was made). Read from the notebooks, the README, the exported package, the solutions and the
 benchmarks: everything a learner reads."""
 
 import json
@@ -17,6 +17,12 @@ TIMING_ASSERT = re.compile(r"^\s*assert\b.*(step\[|tok_per_s|tokens_per_s|elapse
                            r"wall\b|ttft|itl\b)", re.M)
 PLANNING = re.compile(r"(?i)course's target|\bthe target is\b|\bspeed target\b|\d(?:\.\d+)?x target|\(target\b(?!=)|"
                       r"\bseed asks\b|\bthe issue\b|\bissue's\b")
+# How the course was made, where the reader needs what the machine was or what to run: "In CI", "the course's test
+# machine", "the CPU the course is developed on", "No GPU was at hand when this README was written".
+DEVELOPMENT = re.compile(r"\bCI\b|(?i:\bcourse is developed\b|\bdevelopment (?:CPU|machine|box)\b|"
+                         r"\bcourse's (?:test|CI|development) machine\b|\bso do our measurements\b|"
+                         r"\bwhen this (?:README|lesson|notebook) was written\b|\bat hand when\b|"
+                         r"\bnot yet been measured\b|\bwe developed\b)")
 
 
 def texts():
@@ -24,7 +30,7 @@ def texts():
     for path in NOTEBOOKS:
         for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
             yield f"{path.name} cell {i}", "".join(cell["source"])
-    for pattern in ("README.md", "hardway/*.py", "solutions/*.py", "benchmarks/*.py", "tools/*.py"):
+    for pattern in ("README.md", "models/README.md", "hardway/**/*.py", "solutions/*.py", "benchmarks/*.py", "tools/*.py"):
         for path in sorted(ROOT.glob(pattern)):
             yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
 
@@ -57,6 +63,12 @@ def test_no_planning_words_reach_the_learner():
     assert not found, "planning words in the course:\n" + "\n".join(found)
 
 
+def test_no_development_words_reach_the_learner():
+    found = [f"{where}: ...{text[max(0, m.start() - 40):m.end() + 20]!r}..." for where, text in texts()
+             for m in DEVELOPMENT.finditer(text)]
+    assert not found, "words about the course's development:\n" + "\n".join(found)
+
+
 def test_no_notebook_asserts_a_timing():
     """A timing depends on the machine and on what else it runs: a lesson prints and plots it, and the benchmarks
     judge speed, so that a lesson runs top to bottom on any machine."""
@@ -76,5 +88,10 @@ def test_the_checks_catch_what_they_look_for():
     assert OUTSIDE.search("open ../shared/reference/matching-transformers.md")
     assert PLANNING.search("the course's target is 1.3x") and PLANNING.search("as the seed asks")
     assert not PLANNING.search("torch.manual_seed(0); targets = ids[:, 1:]")
+    for phrase in ("In CI there is no network", "(as in CI)", "the course's test machine has 2 cores; so do our "
+                   "measurements", "On the 2-core CPU the course is developed on", "On the 2-core development CPU",
+                   "No GPU was at hand when this README was written", "but has not yet been measured on a GPU"):
+        assert DEVELOPMENT.search(phrase), phrase
+    assert not DEVELOPMENT.search("Measured on a 2-core CPU (AMD EPYC), 72.7 GB/s; the decision is a CIrcle")
     assert TIMING_ASSERT.search("x = 1\nassert step[16] < 16 * step[1]") and TIMING_ASSERT.search("  assert speedup > 1.5")
     assert not TIMING_ASSERT.search("print(f'{speedup:.1f}x')\nassert torch.equal(a, b)")

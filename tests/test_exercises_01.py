@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hardway.exercises import check_corrupt_files, check_load_tensor, check_read_header
+from hardway.exercises.lesson_01 import check_corrupt_files, check_load_tensor, check_read_header
 from hardway.hub import checkpoint
 from exercise_solutions import load_solutions
 

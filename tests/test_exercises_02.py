@@ -5,7 +5,7 @@ plausible wrong answers."""
 import pytest
 
 from hardway.bpe import GPT2Tokenizer, UNICODE_TO_BYTE, train_bpe
-from hardway.exercises import check_decode, check_encode_with_specials
+from hardway.exercises.lesson_02 import check_decode, check_encode_with_specials
 from hardway.hub import checkpoint, shakespeare_path
 from exercise_solutions import load_solutions
 

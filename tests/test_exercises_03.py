@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Model
 
-from hardway.exercises import check_embed, check_sinusoidal
+from hardway.exercises.lesson_03 import check_embed, check_sinusoidal
 from hardway.hub import checkpoint
 from exercise_solutions import load_solutions
 

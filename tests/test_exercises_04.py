@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from hardway.exercises import check_attention, check_sliding_window_mask, check_split_heads
+from hardway.exercises.lesson_04 import check_attention, check_sliding_window_mask, check_split_heads
 from hardway.gpt2 import causal_mask
 from exercise_solutions import load_solutions
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hardway.exercises import check_gelu_new, check_post_norm_block
+from hardway.exercises.lesson_05 import check_gelu_new, check_post_norm_block
 from hardway.gpt2 import Block, GPT2Config
 from exercise_solutions import load_solutions
 

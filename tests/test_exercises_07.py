@@ -7,7 +7,7 @@ import torch
 
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hardway.exercises import check_min_p, check_no_repeat_ngram, check_token_logprobs
+from hardway.exercises.lesson_07 import check_min_p, check_no_repeat_ngram, check_token_logprobs
 from hardway.sampling import LogitsProcessor
 from exercise_solutions import load_solutions
 

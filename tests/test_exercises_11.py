@@ -5,7 +5,7 @@ plausible wrong answers. On the SmolLM2-135M stand-in, fp32, CPU."""
 import pytest
 import torch
 
-from hardway.exercises import check_diagnosis, check_find_broken_layer, check_relative_divergence, rounding_only
+from hardway.exercises.lesson_11 import check_diagnosis, check_find_broken_layer, check_relative_divergence, rounding_only
 from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.tokenizer import load_tokenizer

@@ -5,7 +5,7 @@ plausible wrong answers."""
 import pytest
 
 import hardway
-from hardway.exercises import check_roofline, check_static_update
+from hardway.exercises.lesson_12 import check_recompile_predictions, check_roofline
 from exercise_solutions import load_solutions
 
 
@@ -44,29 +44,22 @@ def test_check_roofline(gpt2):
     assert check_roofline(keys_only, gpt2).startswith("wrong: this lesson's model at 20 GB/s and 512 cached")
 
 
-def test_check_static_update():
-    solution = _solutions().my_static_update
-    assert check_static_update(None).startswith("not attempted yet")
-    assert check_static_update(solution).startswith("right")
+def test_check_recompile_predictions():
+    solution = _solutions().my_predictions
+    assert check_recompile_predictions(None).startswith("not attempted yet: set my_predictions to your dict")
+    assert check_recompile_predictions(solution).startswith("right")
 
-    def written_prefix(k_cache, v_cache, start_pos, k, v):  # returns only the slots written so far
-        solution(k_cache, v_cache, start_pos, k, v)
-        end = start_pos + k.shape[2]
-        return k_cache[:, :, :end], v_cache[:, :, :end]
+    everything_one_graph = {name: (1, False) for name in solution}  # "compiled means one graph"
+    verdict = check_recompile_predictions(everything_one_graph)
+    assert verdict.startswith("wrong: int_slice") and "the number of graphs is not" in verdict
+    assert "3" not in verdict.split("did.")[1]  # the hint, not the measured count
 
-    def off_by_one(k_cache, v_cache, start_pos, k, v):
-        return solution(k_cache, v_cache, start_pos + 1, k, v)
+    no_read_back = {**solution, "item_slice": (1, False)}  # "the tensor is passed, so nothing is read back"
+    verdict = check_recompile_predictions(no_read_back)
+    assert verdict.startswith("wrong: item_slice") and "whether it reads the position back" in verdict
 
-    def not_in_place(k_cache, v_cache, start_pos, k, v):
-        return solution(k_cache.clone(), v_cache.clone(), start_pos, k, v)
+    shapes_ignored = {**solution, "index_copy_after_prefill": (1, False)}  # forgets that shapes are guarded too
+    assert check_recompile_predictions(shapes_ignored).startswith("wrong: index_copy_after_prefill")
 
-    def sliced(k_cache, v_cache, start_pos, k, v):  # right values eagerly; a slice by a tensor value in a graph
-        p = int(start_pos)
-        k_cache[:, :, p:p + k.shape[2]] = k
-        v_cache[:, :, p:p + v.shape[2]] = v
-        return k_cache, v_cache
-
-    assert "has shape (2, 3, 3, 4), expected (2, 3, 10, 4)" in check_static_update(written_prefix)
-    assert check_static_update(off_by_one).startswith("wrong: the returned keys at start_pos=0")
-    assert "write in place" in check_static_update(not_in_place)
-    assert "reads the position back to the host" in check_static_update(sliced)
+    assert check_recompile_predictions({"int_slice": (3, False)}).startswith("wrong: give a dict with one prediction")
+    assert check_recompile_predictions({**solution, "where_row": 1}).startswith("wrong: where_row: predict a pair")

@@ -1,4 +1,4 @@
-"""The exporter itself: directives, module routing, the header, stale-module detection."""
+"""The exporter itself: directives, module routing (subpackages included), the header, stale-module detection."""
 
 import ast
 import json
@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import export  # noqa: E402
+import nbtext  # noqa: E402
 
 
 def _nb(*cells):
@@ -63,12 +64,72 @@ def test_export_before_default_exp_is_an_error(project):
         export.exported_modules()
 
 
+def test_a_dotted_name_is_a_module_of_a_subpackage(project):
+    nb = _nb("#| default_exp alpha", "#| export pkg\n\"\"\"The package.\"\"\"", "#| export pkg.one\nx = 1",
+             "#| export pkg.sub\n\"\"\"A subpackage.\"\"\"", "#| export pkg.sub.two\ny = 2")
+    (project / "notebooks" / "01_a.ipynb").write_text(json.dumps(nb))
+    assert set(export.exported_modules()) == {"pkg/__init__.py", "pkg/one.py", "pkg/sub/__init__.py", "pkg/sub/two.py"}
+    assert export.main([]) == 0
+    assert (project / "hardway" / "pkg" / "sub" / "two.py").read_text().endswith("y = 2\n")
+    assert export.main(["--check"]) == 0
+
+
+def test_a_subpackage_without_its_init_is_an_error(project):
+    nb = _nb("#| default_exp alpha", "#| export pkg.one\nx = 1")
+    (project / "notebooks" / "01_a.ipynb").write_text(json.dumps(nb))
+    with pytest.raises(SystemExit, match=r"hardway/pkg/ gets modules but no __init__.py: .*'#\| export pkg'"):
+        export.exported_modules()
+
+
+def test_a_stale_module_in_a_subpackage_is_flagged_and_an_emptied_package_removed(project):
+    notebook = project / "notebooks" / "01_a.ipynb"
+    notebook.write_text(json.dumps(_nb("#| default_exp alpha", "#| export pkg", "#| export pkg.one\nx = 1",
+                                       "#| export pkg.two\ny = 2")))
+    export.main([])
+    notebook.write_text(json.dumps(_nb("#| default_exp alpha", "#| export pkg", "#| export pkg.one\nx = 1")))
+    assert export.main(["--check"]) == 1
+    export.main([])
+    assert not (project / "hardway" / "pkg" / "two.py").exists() and (project / "hardway" / "pkg" / "one.py").exists()
+    notebook.write_text(json.dumps(_nb("#| default_exp alpha", "#| export\nz = 3")))  # the package is gone
+    assert export.main(["--check"]) == 1
+    export.main([])
+    assert not (project / "hardway" / "pkg").exists() and export.main(["--check"]) == 0
+
+
 def test_no_generated_module_defines_a_name_twice():
-    """Several lessons build one module (lessons 03-06 build gpt2.py, lessons 01-12 exercises.py): a later lesson's
-    function with an earlier one's name would silently replace it."""
+    """Several lessons build one module (lessons 03-06 build gpt2.py; lesson 11's checks come from two cells): a later
+    cell's function with an earlier one's name would silently replace it. Subpackages (hardway/exercises/) too."""
     twice = []
-    for path in sorted(export.PACKAGE.glob("*.py")):
+    for path in sorted(export.PACKAGE.rglob("*.py")):
         names = [node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-        twice += [f"{path.name}: {name}" for name in sorted(set(names)) if names.count(name) > 1]
+        rel = path.relative_to(export.PACKAGE).as_posix()
+        twice += [f"{rel}: {name}" for name in sorted(set(names)) if names.count(name) > 1]
     assert not twice, f"defined twice: {twice}"
+
+
+def test_the_check_for_names_defined_twice_can_fail(project):
+    (project / "notebooks" / "01_a.ipynb").write_text(json.dumps(_nb(
+        "#| default_exp alpha", "#| export pkg", "#| export pkg.one\ndef f(): pass", "#| export pkg.one\ndef f(): pass")))
+    export.main([])
+    with pytest.raises(AssertionError, match="pkg/one.py: f"):
+        test_no_generated_module_defines_a_name_twice()
+
+
+@pytest.mark.parametrize("args, code", [([], 2), (["--help"], 0), (["-h"], 0), (["to-py", "a.ipynb"], 2),
+                                        (["convert", "a", "b"], 2)])
+def test_nbtext_prints_its_usage(args, code, capsys):
+    assert nbtext.main(args) == code
+    out, err = capsys.readouterr()
+    assert "to-py" in out + err and "Traceback" not in out + err
+
+
+def test_nbtext_round_trip(tmp_path):
+    nb = export.clean_notebook(_nb("#| export\nx = 1", "y = 2"))
+    nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": ["# A title\n", "text"]})
+    (tmp_path / "a.ipynb").write_text(export.dump_notebook(nb))
+    assert nbtext.main(["to-py", str(tmp_path / "a.ipynb"), str(tmp_path / "a.py")]) == 0
+    assert nbtext.main(["to-ipynb", str(tmp_path / "a.py"), str(tmp_path / "b.ipynb")]) == 0
+    cells = json.loads((tmp_path / "b.ipynb").read_text())["cells"]
+    assert [(c["cell_type"], "".join(c["source"])) for c in cells] == [(c["cell_type"], "".join(c["source"]))
+                                                                       for c in nb["cells"]]

@@ -11,7 +11,7 @@ import torch
 import hardway.llama as llama_module
 from hardway import cli
 from hardway.llama import apply_rope_interleaved  # lesson 09's true interleaved RoPE, one of lesson 11's five bugs
-from hardway.exercises import rounding_only  # lesson 11: a change of rounding only
+from hardway.exercises.lesson_11 import rounding_only  # lesson 11: a change of rounding only
 from hardway.generation import generate
 from hardway.hub import checkpoint, shakespeare_path
 from hardway.loading import forward_once, load

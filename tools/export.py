@@ -7,7 +7,12 @@ The notebooks in `notebooks/` are the source of truth. A notebook names its modu
 and marks each finished code cell with `#| export` (to that module) or `#| export other_module`
 (to another one). This script writes `hardway/<module>.py` from those cells, in lesson order, under a
 header that names the source notebooks. Several lessons may build one module together: lessons 03-06
-each add their classes to `hardway/gpt2.py`, so the finished file reads top to bottom like the course. Stdlib only, so it runs before anything is installed.
+each add their classes to `hardway/gpt2.py`, so the finished file reads top to bottom like the course.
+
+A dotted name is a module in a subpackage: `#| export exercises.lesson_04` writes
+`hardway/exercises/lesson_04.py`, and `#| export exercises` then writes the package's own
+`hardway/exercises/__init__.py`. Every subpackage must be exported with its `__init__.py`. Stdlib only, so it
+runs before anything is installed.
 
     python tools/export.py            # re-export every notebook and strip outputs
     python tools/export.py --check    # exit 1 if hardway/ or a notebook is not what an export would leave
@@ -63,23 +68,46 @@ def exported_modules() -> dict[str, str]:
                     module = arg or default
                     if module is None:
                         raise SystemExit(f"{nb_path.name}: '#| export' before any '#| default_exp'")
-                    rel = module.replace(".", "/") + ".py"
+                    rel = module.replace(".", "/")
                     nb_rel = f"notebooks/{nb_path.name}"
                     if nb_rel not in origin.setdefault(rel, []):
                         origin[rel].append(nb_rel)
                     body = "".join(l for l in lines if not DIRECTIVE.match(l)).strip("\n")
                     modules.setdefault(rel, []).append(body)
-    return {rel: HEADER.format(nb=", ".join(origin[rel])) + "\n" + "\n\n\n".join(cells) + "\n" for rel, cells in modules.items()}
+    packages = {rel.rsplit("/", k)[0] for rel in modules for k in range(1, rel.count("/") + 1)}  # every folder
+    files = {}
+    for rel, cells in modules.items():
+        path = f"{rel}/__init__.py" if rel in packages else f"{rel}.py"
+        files[path] = HEADER.format(nb=", ".join(origin[rel])) + "\n" + "\n\n\n".join(cells) + "\n"
+    missing = sorted(p for p in packages if f"{p}/__init__.py" not in files)
+    if missing:
+        first = missing[0].replace("/", ".")
+        raise SystemExit(f"hardway/{missing[0]}/ gets modules but no __init__.py: export the package itself from one "
+                         f"cell with '#| export {first}' (a docstring saying what lives there)")
+    return files
 
 
 def stale_modules(expected: dict[str, str]) -> list[Path]:
-    """Generated files that no notebook exports any more."""
+    """Generated files that no notebook exports any more, in hardway/ and its subpackages."""
     stale = []
-    for path in PACKAGE.rglob("*.py"):
+    for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
         if rel not in expected and path.read_text(encoding="utf-8").startswith(GENERATED_MARK):
             stale.append(path)
     return stale
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """A subpackage whose generated modules are all gone goes too (its bytecode cache with it)."""
+    if folder == PACKAGE:
+        return
+    cache = folder / "__pycache__"
+    if cache.is_dir() and not any(folder.glob("*.py")):
+        for f in cache.iterdir():
+            f.unlink()
+        cache.rmdir()
+    if not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def clean_notebook(nb: dict) -> dict:
@@ -121,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"{path.relative_to(ROOT)} is generated but no notebook exports it")
         if not args.check:
             path.unlink()
+            _remove_if_empty(path.parent)
     for nb_path in sorted(NOTEBOOKS.glob("*.ipynb")):
         raw = nb_path.read_text(encoding="utf-8")
         cleaned = dump_notebook(clean_notebook(json.loads(raw)))

@@ -46,11 +46,18 @@ def to_ipynb(text: str) -> dict:
     return clean_notebook({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 4})
 
 
-if __name__ == "__main__":
-    cmd, src, dst = sys.argv[1:4]
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] not in ("to-py", "to-ipynb"):
+        print(__doc__.strip(), file=sys.stdout if args in ([], ["-h"], ["--help"]) else sys.stderr)
+        return 0 if args in (["-h"], ["--help"]) else 2
+    cmd, src, dst = args
     if cmd == "to-py":
         Path(dst).write_text(to_py(json.loads(Path(src).read_text(encoding="utf-8"))), encoding="utf-8")
-    elif cmd == "to-ipynb":
-        Path(dst).write_text(dump_notebook(to_ipynb(Path(src).read_text(encoding="utf-8"))), encoding="utf-8")
     else:
-        raise SystemExit(__doc__)
+        Path(dst).write_text(dump_notebook(to_ipynb(Path(src).read_text(encoding="utf-8"))), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

