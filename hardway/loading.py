@@ -163,18 +163,19 @@ def load(name_or_path, device="cpu", dtype: torch.dtype = torch.float32) -> Caus
     setting; an unknown device or dtype is a ValueError, raised before anything is read."""
     device, dtype = check_device(device), check_dtype(dtype)
     if str(name_or_path).endswith(".gguf"):  # one file: the config is in its metadata, the weights quantized
-        folder = Path(name_or_path)
-        ckpt = resolve(GGUF_CHECKPOINT)(folder, device, dtype)
+        settings = Path(name_or_path)
+        ckpt = resolve(GGUF_CHECKPOINT)(settings, device, dtype)
     else:
         folder = checkpoint(name_or_path)
         ckpt = read_checkpoint(folder, device, dtype)
+        settings = folder / "config.json"
     model_type = ckpt.config.get("model_type")
     if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
-        raise ConfigError(f"{folder}/config.json has model_type {model_type!r}; supported: {sorted(MODEL_CLASSES)}")
+        raise ConfigError(f"{settings} has model_type {model_type!r}; supported: {sorted(MODEL_CLASSES)}")
     try:
         model = resolve(MODEL_CLASSES[model_type]).from_checkpoint(ckpt)
     except ConfigError as e:  # the models check the settings they read; say which file they came from
-        raise ConfigError(f"{folder / 'config.json'}: {e}") from e
+        raise ConfigError(f"{settings}: {e}") from e
     return resolve(DECODE_LAYOUT)(model)  # on CPU in fp32: matrices laid out for decoding; elsewhere unchanged
 
 

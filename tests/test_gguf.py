@@ -159,3 +159,17 @@ def test_load_matches_transformers_gguf_loading(real):
     with torch.no_grad():
         delta = (hardway.load(real)(ids) - reference(ids).logits).abs().max().item()
     assert delta < 1e-4, f"max |delta| {delta:.2e} of the logits: more than fp32 rounding"
+
+
+def test_a_bad_setting_in_the_metadata_names_the_gguf_file(tmp_path):
+    import hardway
+    from hardway.errors import ConfigError
+
+    meta = {"llama.embedding_length": (6, gguf.GGUFValueType.UINT32), "llama.feed_forward_length": (4, gguf.GGUFValueType.UINT32),
+            "llama.block_count": (1, gguf.GGUFValueType.UINT32), "llama.attention.head_count": (2, gguf.GGUFValueType.UINT32),
+            "llama.attention.layer_norm_rms_epsilon": (1e-5, gguf.GGUFValueType.FLOAT32),
+            "llama.vocab_size": (32, gguf.GGUFValueType.UINT32), "llama.rope.dimension_count": (3, gguf.GGUFValueType.UINT32)}
+    path = write_small(tmp_path / "odd.gguf", {"token_embd.weight": (np.zeros((6, 32), np.float32), None)}, **meta)
+    with pytest.raises(ConfigError) as e:
+        hardway.load(path)
+    assert str(e.value).startswith(f"{path}: ") and "head_dim=3 is odd" in str(e.value)
