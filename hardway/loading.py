@@ -145,6 +145,8 @@ MODEL_CLASSES = {
 }
 # Lesson 12's re-storing of weight matrices for fast CPU decoding, reached by name like the model classes.
 DECODE_LAYOUT = "hardway.fast_decode:lay_out_for_decode"
+# Lesson 16's reader of a GGUF file into a Checkpoint, reached by name too.
+GGUF_CHECKPOINT = "hardway.gguf:gguf_checkpoint"
 
 
 def resolve(reference: str):
@@ -154,20 +156,26 @@ def resolve(reference: str):
 
 
 def load(name_or_path, device="cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
-    """A ready model, in eval mode, from a hub repo id (e.g. "openai-community/gpt2") or a local checkpoint folder.
+    """A ready model, in eval mode, from a hub repo id (e.g. "openai-community/gpt2"), a local checkpoint folder, or
+    a llama `.gguf` file (lesson 16: its weights dequantized to `dtype`).
 
     `dtype` is a torch.dtype or its name ("float16"). A bad config.json is a ConfigError that names the file and the
     setting; an unknown device or dtype is a ValueError, raised before anything is read."""
     device, dtype = check_device(device), check_dtype(dtype)
-    folder = checkpoint(name_or_path)
-    ckpt = read_checkpoint(folder, device, dtype)
+    if str(name_or_path).endswith(".gguf"):  # one file: the config is in its metadata, the weights quantized
+        settings = Path(name_or_path)
+        ckpt = resolve(GGUF_CHECKPOINT)(settings, device, dtype)
+    else:
+        folder = checkpoint(name_or_path)
+        ckpt = read_checkpoint(folder, device, dtype)
+        settings = folder / "config.json"
     model_type = ckpt.config.get("model_type")
     if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
-        raise ConfigError(f"{folder}/config.json has model_type {model_type!r}; supported: {sorted(MODEL_CLASSES)}")
+        raise ConfigError(f"{settings} has model_type {model_type!r}; supported: {sorted(MODEL_CLASSES)}")
     try:
         model = resolve(MODEL_CLASSES[model_type]).from_checkpoint(ckpt)
     except ConfigError as e:  # the models check the settings they read; say which file they came from
-        raise ConfigError(f"{folder / 'config.json'}: {e}") from e
+        raise ConfigError(f"{settings}: {e}") from e
     return resolve(DECODE_LAYOUT)(model)  # on CPU in fp32: matrices laid out for decoding; elsewhere unchanged
 
 

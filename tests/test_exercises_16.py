@@ -1,0 +1,79 @@
+"""Lesson 16's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
+plausible wrong answers."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from exercise_solutions import load_solutions
+from hardway.gguf import smollm2_gguf
+from hardway.exercises.lesson_16 import check_data_start, check_q4_1_block, check_tensor_bytes
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return load_solutions("16_gguf")
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
+
+
+def test_check_q4_1_block(solution, path):
+    assert check_q4_1_block(None, path).startswith("not attempted yet")
+    assert check_q4_1_block(solution.my_dequantize_q4_1_block, path).startswith("right")
+
+    def interleaved(block):  # (low, high) of byte 0, then of byte 1: the other nibble order
+        d, m = struct.unpack("<ee", block[:4])
+        q = [n for b in block[4:] for n in (b & 0x0F, b >> 4)]
+        return [float(np.float32(d) * np.float32(v) + np.float32(m)) for v in q]
+
+    def no_minimum(block):  # Q4_0's formula on a Q4_1 block
+        d, _ = struct.unpack("<ee", block[:4])
+        q = [b & 0x0F for b in block[4:]] + [b >> 4 for b in block[4:]]
+        return [float(np.float32(d) * np.float32(v - 8)) for v in q]
+
+    def swapped_scale_and_minimum(block):
+        m, d = struct.unpack("<ee", block[:4])
+        q = [b & 0x0F for b in block[4:]] + [b >> 4 for b in block[4:]]
+        return [float(np.float32(d) * np.float32(v) + np.float32(m)) for v in q]
+
+    for wrong in (interleaved, no_minimum, swapped_scale_and_minimum):
+        verdict = check_q4_1_block(wrong, path)
+        assert verdict.startswith("wrong:") and "nibbles" in verdict, (wrong.__name__, verdict)
+
+
+def test_check_tensor_bytes(solution, path):
+    assert check_tensor_bytes(None, path).startswith("not attempted yet")
+    assert check_tensor_bytes(solution.my_tensor_bytes, path).startswith("right")
+
+    def no_block_overhead(type_name, dims):  # 4 bits a weight, forgetting the scales
+        bits = {"F32": 32, "F16": 16, "Q8_0": 8, "Q4_0": 4, "Q4_1": 4}[type_name]
+        return int(np.prod(dims)) * bits // 8
+
+    def q4_1_as_q4_0(type_name, dims):  # forgets Q4_1's minimum
+        return solution.my_tensor_bytes("Q4_0" if type_name == "Q4_1" else type_name, dims)
+
+    def last_dim_only(type_name, dims):
+        return solution.my_tensor_bytes(type_name, dims[:1])
+
+    for wrong in (no_block_overhead, q4_1_as_q4_0, last_dim_only):
+        assert check_tensor_bytes(wrong, path).startswith("wrong:"), wrong.__name__
+
+
+def test_check_data_start(solution, path):
+    assert check_data_start(None, path).startswith("not attempted yet")
+    assert check_data_start(solution.my_data_start, path).startswith("right")
+
+    def no_padding(p):  # the end of the tensor infos
+        return solution.walk_to_the_data(p)[0]
+
+    def always_32(p):  # ignores general.alignment
+        return -(-solution.walk_to_the_data(p)[0] // 32) * 32
+
+    assert check_data_start(no_padding, path).startswith("wrong:")
+    verdict = check_data_start(always_32, path)
+    assert verdict.startswith("wrong: aligned.gguf"), verdict
+    assert check_data_start(lambda p: solution.my_data_start(p) - 8, path).startswith("wrong:")
