@@ -10,7 +10,8 @@ the same prompt ids, greedy, a fixed number of new tokens (EOS disabled everywhe
 several interleaved repetitions (CUDA events on a GPU); tokens must be identical to transformers', or the run prints its
 speeds anyway and then exits with status 1. It prints tokens/s (medians), each engine's share of the roofline and the
 ratios. Batch-1 decoding reads every weight once per token, so tok/s <= read bandwidth / weight bytes; the read
-bandwidth is measured in this run by a large sum (what decoding does), next to the copy figure (reads and writes).
+bandwidth is measured by a large sum (what decoding does) in the same interleaved rounds as the engines, so that it
+sees the same background load, next to the copy figure (reads and writes, measured after).
 
 `--compile`: hardway's static-shape compiled decode step (lesson 12): on CPU inductor with the matrix-vector products as
 streaming sums, on CUDA replayed as one CUDA graph; its first call, the compilation, is timed. `--gemv`: the GB/s of
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hardway.fast_decode import (StaticDecodeStep, cpu_decode_backend, matvec_as_sum, measure_bandwidth,  # noqa: E402
-                                 measure_read_bandwidth, roofline_tokens_per_s)
+                                 roofline_tokens_per_s)
 from hardway.generation import generate  # noqa: E402
 from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
 from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
@@ -153,12 +154,17 @@ def main(argv=None) -> float:
     if args.llama_cpp:
         llama_run = llama_cpp_generate(args.llama_cpp, args.llama_cpp_path, args.threads)
         fns["llama.cpp"] = lambda: llama_run(ids.cpu(), n)
-    times, outs = time_interleaved(fns, args.device, args.reps)
+    # The roofline's bandwidth is sampled in the same rounds as the engines (a 1 GiB sum between their runs), so a
+    # burst of background load lowers it as it lowers them: on a shared machine a figure measured once, before or
+    # after, can be from another load.
+    read_buffer = torch.ones(2**30 // 4, dtype=torch.float32, device=args.device)  # 1 GiB of fp32
+    times, outs = time_interleaved({**fns, "read": read_buffer.sum}, args.device, args.reps)
+    read_bw = read_buffer.nbytes / statistics.median(times.pop("read"))
+    del outs["read"], read_buffer
     tps = {name: n / statistics.median(t) for name, t in times.items()}
     same = {name: out.shape == outs["transformers"].shape and torch.equal(out.cpu(), outs["transformers"].cpu())
             for name, out in outs.items()}
 
-    read_bw = measure_read_bandwidth(args.device)
     copy_bw = measure_bandwidth(args.device)
     wbytes = weight_bytes(ours)
     roofline = roofline_tokens_per_s(wbytes, read_bw)
@@ -166,8 +172,8 @@ def main(argv=None) -> float:
     print(f"model {args.model}  device {args.device}  dtype {args.dtype}  threads {torch.get_num_threads()}  "
           f"load average {loadavg}")
     print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up")
-    print(f"weights {wbytes / 1e6:.1f} MB; read bandwidth (a 1 GiB sum) {read_bw / 1e9:.1f} GB/s, copy {copy_bw / 1e9:.1f}"
-          f" GB/s; roofline {roofline:.1f} tok/s")
+    print(f"weights {wbytes / 1e6:.1f} MB; read bandwidth (a 1 GiB sum, in the same rounds) {read_bw / 1e9:.1f} GB/s, "
+          f"copy (after) {copy_bw / 1e9:.1f} GB/s; roofline {roofline:.1f} tok/s")
     for name, s in tps.items():
         print(f"{name + ':':<18} {s:8.1f} tok/s  ({s / roofline:4.0%} of roofline)  "
               f"tokens {'identical to transformers' if same[name] else 'DIFFERENT from transformers'}")

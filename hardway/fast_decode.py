@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from hardway.generation import generate  # lesson 08
-from hardway.kv_cache import KVCache  # lesson 08
+from hardway.kv_cache import KVCache, KVCacheFullError  # lesson 08
 from hardway.timing import time_interleaved  # lesson 10: CUDA events, a full-length warm-up, interleaving
 
 
@@ -97,9 +97,20 @@ def lay_out_for_decode(model: nn.Module) -> nn.Module:
 
 
 class StaticKVCache(KVCache):
-    """Lesson 08's cache, also written at a position *tensor*: then `update` returns every slot of the layer, so the
-    shapes are the same at every position (a mask in attention hides the slots not written yet). At an int position
-    it is lesson 08's cache unchanged: that is how the eager prefill fills it."""
+    """Lesson 08's cache with one tensor per layer (gpt-fast's layout), also written at a position *tensor*: then
+    `update` returns every slot of the layer, so the shapes are the same at every position (a mask in attention hides
+    the slots not written yet). At an int position it is lesson 08's cache: that is how the eager prefill fills it.
+
+    Why one tensor per layer: a compiled step that writes into a *slice* of one big cache tensor gets, after
+    functionalization, a copy of that whole tensor per layer; a write into a whole tensor of its own is done in place.
+    `k` and `v` are lists of n_layers tensors, each (B, n_kv_heads, max_len, head_dim)."""
+
+    def __init__(self, n_layers: int, batch_size: int, max_len: int, n_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device="cpu"):
+        super().__init__(n_layers, batch_size, max_len, n_kv_heads, head_dim, dtype, device="meta")  # checks only
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # n_layers x (B, H, S, d)
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
 
     @classmethod
     def like(cls, cache: KVCache) -> "StaticKVCache":
@@ -108,14 +119,29 @@ class StaticKVCache(KVCache):
                    dtype=cache.k.dtype, device=cache.k.device)
 
     def update(self, layer_idx: int, start_pos, k: torch.Tensor, v: torch.Tensor):
-        """k, v (B, n_kv_heads, T, head_dim) at start_pos: an int (lesson 08's update), or a 0-dim tensor, which
-        returns all max_len slots, each (B, n_kv_heads, max_len, head_dim)."""
+        """k, v (B, n_kv_heads, T, head_dim) at start_pos: an int (lesson 08's update: the slots written so far), or a
+        0-dim tensor, which returns all max_len slots, each (B, n_kv_heads, max_len, head_dim)."""
+        k_layer, v_layer = self.k[layer_idx], self.v[layer_idx]  # (B, n_kv_heads, max_len, head_dim) each
+        T = k.shape[2]
         if not isinstance(start_pos, torch.Tensor):
-            return super().update(layer_idx, start_pos, k, v)
-        positions = start_pos + torch.arange(k.shape[2], device=k.device)  # (T,)
-        self.k[layer_idx].index_copy_(2, positions, k)  # (B, n_kv_heads, max_len, head_dim), in place
-        self.v[layer_idx].index_copy_(2, positions, v)
-        return self.k[layer_idx], self.v[layer_idx]  # every slot: no shape depends on the position
+            if start_pos < 0 or start_pos + T > self.max_len:
+                raise KVCacheFullError(f"StaticKVCache holds {self.max_len} positions; writing {T} token(s) at "
+                                       f"start_pos {start_pos} needs positions up to {start_pos + T}")
+            k_layer[:, :, start_pos:start_pos + T] = k
+            v_layer[:, :, start_pos:start_pos + T] = v
+            return k_layer[:, :, :start_pos + T], v_layer[:, :, :start_pos + T]  # views of the slots written
+        positions = start_pos + torch.arange(T, device=k.device)  # (T,)
+        k_layer.index_copy_(2, positions, k)  # in place, into this layer's own tensor
+        v_layer.index_copy_(2, positions, v)
+        return k_layer, v_layer  # every slot: no shape depends on the position
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.nbytes // self.max_len
 
 
 def decode_one_token(model, token: torch.Tensor, input_pos: torch.Tensor, kv_cache: StaticKVCache) -> torch.Tensor:
@@ -140,10 +166,10 @@ class StaticDecodeStep:
             lay_out_rows(model)  # the rows its matrix-vector loops stream
         backend = "inductor" if backend is None else backend
         self.kv_cache = StaticKVCache.like(model.new_kv_cache(batch_size, max_len))  # through the model's contract
-        device = self.kv_cache.k.device
+        device = self.kv_cache.k[0].device
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # (B, 1) the graph's input token
         self.input_pos = torch.zeros((), dtype=torch.long, device=device)  # () its position
-        for t in (self.kv_cache.k, self.kv_cache.v, self.token, self.input_pos):
+        for t in (*self.kv_cache.k, *self.kv_cache.v, self.token, self.input_pos):
             torch._dynamo.mark_static_address(t)  # the graph reads and writes these very addresses
         options = {"mode": mode} if backend == "inductor" and mode else {}
         self.compiled = torch.compile(decode_one_token, backend=backend, fullgraph=True, dynamic=False, **options)

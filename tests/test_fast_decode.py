@@ -25,6 +25,7 @@ from hardway.fast_decode import (HUGE_PAGE, StaticDecodeStep, StaticKVCache, dec
                                  measure_bandwidth, measure_read_bandwidth, roofline_tokens_per_s,
                                  teacher_forced_agreement)
 from hardway.generation import generate
+from hardway.kv_cache import KVCache, KVCacheFullError
 from hardway.loading import load
 from hardway.memory import weight_bytes
 from hardway.timing import time_interleaved
@@ -249,6 +250,21 @@ def test_static_kv_cache_writes_at_a_position_tensor_and_returns_every_slot():
     assert not k_all[:, :, :3].any() and not k_all[:, :, 5:].any() and not cache.k[0].any()
     k_seen, _ = cache.update(0, 2, k, v)  # an int position: lesson 08's update, a view of the slots written so far
     assert k_seen.shape == (1, 2, 4, 3) and torch.equal(k_seen[:, :, 2:], k)
+    assert k_seen.data_ptr() == cache.k[0].data_ptr() and torch.equal(cache.k[0][:, :, 2:4], k)  # a view, in place
+    with pytest.raises(KVCacheFullError, match="holds 6 positions"):
+        cache.update(0, 5, k, v)
+
+
+def test_static_kv_cache_keeps_one_tensor_per_layer():
+    """gpt-fast's layout: a compiled step writes each layer's cache in place only when it is a whole tensor of its
+    own (a write into a slice of one shared tensor becomes copies after functionalization)."""
+    cache = StaticKVCache(n_layers=3, batch_size=2, max_len=5, n_kv_heads=2, head_dim=4, dtype=torch.bfloat16)
+    tensors = cache.k + cache.v
+    assert len(tensors) == 6 and all(t.shape == (2, 2, 5, 4) and t.dtype == torch.bfloat16 for t in tensors)
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 6  # six allocations, no shared base
+    assert cache.nbytes == 6 * 2 * 2 * 5 * 4 * 2 and cache.bytes_per_token == cache.nbytes // 5
+    like = StaticKVCache.like(KVCache(3, 2, 5, 2, 4, dtype=torch.bfloat16))
+    assert like.nbytes == cache.nbytes and like.k[0].dtype == torch.bfloat16
 
 
 def test_static_step_rejects_what_it_cannot_run(tiny_models):
