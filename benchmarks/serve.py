@@ -101,7 +101,7 @@ def run_level(client: OpenAI, model: str, clients: int, max_tokens: int):
 def long_prompt(client: OpenAI, model: str, n_tokens: int) -> str:
     """A prompt of about n_tokens tokens for this server's tokenizer (sized with one probe of its usage count)."""
     words = lambda n: " ".join(f"w{i}" for i in range(n))  # noqa: E731
-    probe = client.completions.create(model=model, prompt=words(400), max_tokens=1, temperature=0)
+    probe = client.completions.create(model=model, prompt="Probe: " + words(400), max_tokens=1, temperature=0)
     per_word = probe.usage.prompt_tokens / 400
     return words(int(n_tokens / per_word))
 
@@ -191,7 +191,8 @@ def main() -> None:
                 tps[c].append(t); ttft[c] += f; itl[c] += i
                 short += c * args.max_tokens - n
         text = long_prompt(client, args.model, args.long_prompt)
-        gaps = [worst_gap_during_long_prompt(client, args.model, text, args.max_tokens) for _ in range(2)]
+        gaps = [worst_gap_during_long_prompt(client, args.model, f"Attempt {i}: {text}", args.max_tokens)
+                for i in range(2)]  # a prompt of its own each time: a prefix cache must not answer the second
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
@@ -200,7 +201,7 @@ def main() -> None:
     result = {"label": label, "model": args.model, "max_tokens": args.max_tokens, "reps": args.reps,
               "levels": {c: {"tok_s": statistics.median(tps[c]), "ttft_p50_ms": pct(ttft[c], .5) * 1e3,
                              "itl_p50_ms": pct(itl[c], .5) * 1e3} for c in levels},
-              "long_prompt_tokens": gaps[0][1], "worst_gap_ms": min(g for g, _ in gaps) * 1e3,
+              "long_prompt_tokens": gaps[0][1], "worst_gap_ms": max(g for g, _ in gaps) * 1e3,
               "tokens_short": short, "generate_alone_tok_s": baseline}
     print(f"{label}: {args.model}, {args.max_tokens} new tokens per client, greedy, {args.reps} rounds, medians")
     print(f"{'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8}")
@@ -208,7 +209,7 @@ def main() -> None:
         r = result["levels"][c]
         print(f"{c:>7} {r['tok_s']:>8.1f} {r['ttft_p50_ms']:>7.0f}ms {r['itl_p50_ms']:>6.0f}ms")
     print(f"a running stream's worst gap while a {gaps[0][1]}-token prompt is admitted: "
-          f"{result['worst_gap_ms']:.0f} ms (best of 2)")
+          f"{result['worst_gap_ms']:.0f} ms (the worse of 2 attempts)")
     if short:
         print(f"{short} tokens fewer than asked came back (answers that ended at EOS): tok/s counts what came back")
     if baseline is not None and 1 in levels:

@@ -334,11 +334,12 @@ class ModelRunner:
 
     @staticmethod
     def row_width(n_new: list[int], n_positions: int) -> int:
-        """The T of the (R, T) grid: the one that computes the fewest padding tokens, counting that each row also
-        gathers the keys of n_positions positions (about a 512th of a token's compute each, on a CPU)."""
+        """The T of the (R, T) grid, by a rough cost model: a row costs its T tokens (padding included), plus about
+        4 tokens' worth of work of its own (its attention, its mask), plus the gather of n_positions keys and values
+        (about a 128th of a token each). Decodes alone get T = 1; a long chunk beside decodes, rows of a few tokens."""
         longest = max(n_new)
         widths = [w for w in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if w < longest] + [longest]
-        return min(widths, key=lambda w: sum(-(-n // w) for n in n_new) * (w + n_positions / 512))
+        return min(widths, key=lambda w: sum(-(-n // w) for n in n_new) * (w + 4 + n_positions / 128))
 
     def forward(self, seqs: list[Sequence], n_new: list[int]) -> torch.Tensor:
         """Compute the next n_new[i] tokens of each seqs[i] (whose keys/values enter the pool) in one forward pass
