@@ -1,20 +1,24 @@
-"""Serving throughput and latency against the number of concurrent clients, through `hardway serve` and HTTP.
+"""Serving throughput and latency against the number of concurrent clients, through any OpenAI-compatible server.
 
-    uv run python benchmarks/serve.py --model HuggingFaceTB/SmolLM2-135M-Instruct
-    uv run python benchmarks/serve.py --model HuggingFaceTB/SmolLM2-135M-Instruct --levels 1,8 --reps 5
+    uv run python benchmarks/serve.py --model HuggingFaceTB/SmolLM2-135M-Instruct          # starts `hardway serve`
+    uv run python benchmarks/serve.py --url http://127.0.0.1:8101/v1 --model NAME --label vllm  # a running server
 
-Starts `hardway serve` on a free port of 127.0.0.1 and drives it with the official `openai` client: at each level,
-c clients each stream one greedy completion of --max-tokens tokens (EOS cannot cut it short: the prompt is chosen so
-the answers run to the limit, and the run fails otherwise), all at once. Levels run interleaved, --reps rounds, so a
-burst of background load on a shared machine slows every level alike. It prints, per level, the median aggregate
-decode throughput (tokens received while every client is decoding, per second), the end-to-end throughput (all
-completion tokens / wall time, prefills included), and over all rounds the time to first token (TTFT) and
-inter-token latency (ITL), p50 and p99. The last line is the ratio of 8 clients' decode throughput to one client's.
+Without --url it starts `hardway serve` itself on a free port of 127.0.0.1 (--max-step-tokens is its per-step
+token budget: a large one turns chunked prefill off) and, with --baseline, also measures `hardway.generate` alone
+on the same prompts in this process, for the one-client ratio. The load is the same whatever the server: at each
+level, c clients each stream one greedy completion of --max-tokens tokens at the same moment, every prompt distinct
+(from each other and from every earlier round, so a prefix cache cannot help). Levels run interleaved, --reps
+rounds. It reports, per level, the aggregate completion throughput (completion tokens of all clients over the wall
+time, prefills included), the time to first token (TTFT) p50 and the inter-token latency (ITL) p50. Then the
+long-prompt test: one stream is running when a 1,500-token prompt arrives; its worst gap between two tokens while
+the long prompt is admitted. --json appends the figures to a file, one JSON object per run.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import signal
 import socket
 import statistics
@@ -27,8 +31,16 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-HARDWAY = Path(sys.executable).parent / "hardway"
-PROMPT = "Write a long story about a dragon who learns to cook. Once upon a time,"
+NAMES = ("Ada Bo Cy Dee Eli Fay Gus Hal Ivo Jan Kai Lee Max Ned Ola Pia Quin Rex Sia Tom Uma Vic Wes Xia Yul Zed "
+         "Abe Bea Cal Dov Eve Fin").split()
+_prompt_serial = itertools.count()
+
+
+def story_prompt() -> str:
+    """A distinct prompt each call: its first words differ, so no two requests share a cached prefix block."""
+    i = next(_prompt_serial)
+    return (f"Story {i}. {NAMES[i % len(NAMES)]} the dragon, number {i * 37 % 1000}, learns to cook. Write a long "
+            f"story about it. Once upon a time,")
 
 
 def free_port() -> int:
@@ -37,9 +49,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, max_batch: int, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([str(HARDWAY), "serve", "--model", model, "--port", str(port),
-                             "--max-batch", str(max_batch)], stderr=subprocess.DEVNULL)
+def start_hardway(model: str, max_batch: int, max_step_tokens: int, port: int) -> subprocess.Popen:
+    code = (f"from hardway.server import serve; serve({model!r}, port={port}, max_batch={max_batch}, "
+            f"max_step_tokens={max_step_tokens})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -53,41 +66,87 @@ def start_server(model: str, max_batch: int, port: int) -> subprocess.Popen:
     raise SystemExit("hardway serve did not start within 600 s")
 
 
-def one_client(client: OpenAI, model: str, max_tokens: int, out: list) -> None:
+def one_stream(client: OpenAI, model: str, prompt: str, max_tokens: int, out: list, on_token=None) -> None:
     start, stamps, n = time.perf_counter(), [], 0
-    for chunk in client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
                                            stream=True, stream_options={"include_usage": True}):
         if chunk.choices and chunk.choices[0].text:
             stamps.append(time.perf_counter())
+            if on_token is not None:
+                on_token(len(stamps))
         if chunk.usage is not None:
             n = chunk.usage.completion_tokens
     out.append((start, stamps, n))
 
 
 def run_level(client: OpenAI, model: str, clients: int, max_tokens: int):
-    """c clients at once -> (aggregate tok/s end to end, aggregate decode tok/s, [TTFT], [ITL]).
-
-    Decode throughput is counted in the window where every client is decoding: from the moment the last client got
-    its first token to the moment the first client got its last one; every token any client receives inside that
-    window counts. End to end is all tokens over the wall time, prefills and waiting included."""
+    """c clients at once -> (completion tok/s over the wall time, [TTFT], [ITL], tokens received)."""
     results: list = []
-    threads = [threading.Thread(target=one_client, args=(client, model, max_tokens, results)) for _ in range(clients)]
+    threads = [threading.Thread(target=one_stream, args=(client, model, story_prompt(), max_tokens, results))
+               for _ in range(clients)]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    if len(results) != clients or any(n != max_tokens for _, _, n in results):
-        raise SystemExit(f"{clients} clients: expected {clients} answers of {max_tokens} tokens, got "
-                         f"{[n for _, _, n in results]} (an answer ended early: choose another prompt)")
-    ttft = [s[0] - start0 for start0, s, _ in results]
+    if len(results) != clients:
+        raise SystemExit(f"{clients} clients: only {len(results)} answers came back")
+    tokens = sum(n for _, _, n in results)
+    ttft = [s[0] - start0 for start0, s, _ in results if s]
     itl = [b - a for _, s, _ in results for a, b in zip(s, s[1:])]
-    lo, hi = max(s[0] for _, s, _ in results), min(s[-1] for _, s, _ in results)
-    in_window = sum(1 for _, s, _ in results for t in s if lo < t <= hi)
-    if hi <= lo or in_window < clients:
-        raise SystemExit(f"{clients} clients never all decoded at once: raise --max-tokens or --max-batch")
-    return clients * max_tokens / wall, in_window / (hi - lo), ttft, itl
+    return tokens / wall, ttft, itl, tokens
+
+
+def long_prompt(client: OpenAI, model: str, n_tokens: int) -> str:
+    """A prompt of about n_tokens tokens for this server's tokenizer (sized with one probe of its usage count)."""
+    words = lambda n: " ".join(f"w{i}" for i in range(n))  # noqa: E731
+    probe = client.completions.create(model=model, prompt="Probe: " + words(400), max_tokens=1, temperature=0)
+    per_word = probe.usage.prompt_tokens / 400
+    return words(int(n_tokens / per_word))
+
+
+def worst_gap_during_long_prompt(client: OpenAI, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
+    """One stream runs; at its 8th token a long prompt arrives. -> (the stream's worst gap between two tokens from
+    then on, in s; the long prompt's token count)."""
+    arrived, usage = threading.Event(), {}
+
+    def send_long():
+        r = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)
+        usage["prompt_tokens"] = r.usage.prompt_tokens
+
+    sender = threading.Thread(target=send_long)
+
+    def on_token(i):
+        if i == 8:
+            arrived.set()
+            sender.start()
+
+    out: list = []
+    one_stream(client, model, story_prompt(), max_tokens, out, on_token)
+    sender.join()
+    stamps = out[0][1]
+    return max(b - a for a, b in zip(stamps[7:], stamps[8:])), usage["prompt_tokens"]
+
+
+def generate_alone(model_id: str, max_tokens: int, reps: int) -> float:
+    """hardway.generate on one prompt in this process, greedy, median tok/s of `reps` runs."""
+    import torch
+
+    from hardway.generation import generate
+    from hardway.hub import checkpoint
+    from hardway.loading import load
+    from hardway.tokenizer import load_tokenizer
+
+    folder = checkpoint(model_id)
+    model, tokenizer = load(folder), load_tokenizer(folder)
+    speeds = []
+    for _ in range(reps + 1):
+        ids = torch.tensor([tokenizer.encode(story_prompt())])  # (1, T)
+        start = time.perf_counter()
+        out = generate(model, ids, max_new_tokens=max_tokens)
+        speeds.append((out.shape[1] - ids.shape[1]) / (time.perf_counter() - start))
+    return statistics.median(speeds[1:])  # the first run warms up
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -97,43 +156,68 @@ def pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
-    p.add_argument("--levels", default="1,2,4,8,16", help="numbers of concurrent clients, comma-separated")
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                   help="the model name the server answers to (for hardway: the checkpoint to serve)")
+    p.add_argument("--url", help="a running OpenAI-compatible server, e.g. http://127.0.0.1:8101/v1; without it, "
+                                 "`hardway serve` is started")
+    p.add_argument("--label", help="the server's name in the output (default: hardway, or the URL)")
+    p.add_argument("--levels", default="1,8,16", help="numbers of concurrent clients, comma-separated")
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--max-batch", type=int, default=16, help="hardway only")
+    p.add_argument("--max-step-tokens", type=int, default=512, help="hardway only: tokens per engine step")
+    p.add_argument("--long-prompt", type=int, default=1500, help="tokens of the prompt in the long-prompt test")
+    p.add_argument("--baseline", action="store_true", help="hardway only: also time hardway.generate alone")
+    p.add_argument("--json", type=Path, help="append the results to this file")
     args = p.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    if 1 not in levels or 8 not in levels:
-        raise SystemExit("--levels must include 1 and 8: the last line compares them")
-    port = free_port()
-    proc = start_server(args.model, args.max_batch, port)
+    proc = None
+    if args.url:
+        url, label = args.url, args.label or args.url
+    else:
+        port = free_port()
+        proc = start_hardway(args.model, args.max_batch, args.max_step_tokens, port)
+        url, label = f"http://127.0.0.1:{port}/v1", args.label or f"hardway (max_step_tokens {args.max_step_tokens})"
     try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
+        client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
         run_level(client, args.model, 2, 4)  # warm-up
         tps = {c: [] for c in levels}
-        decode = {c: [] for c in levels}
         ttft = {c: [] for c in levels}
         itl = {c: [] for c in levels}
+        short = 0
         for _ in range(args.reps):
             for c in levels:
-                t, d, f, i = run_level(client, args.model, c, args.max_tokens)
-                tps[c].append(t); decode[c].append(d); ttft[c] += f; itl[c] += i
+                t, f, i, n = run_level(client, args.model, c, args.max_tokens)
+                tps[c].append(t); ttft[c] += f; itl[c] += i
+                short += c * args.max_tokens - n
+        text = long_prompt(client, args.model, args.long_prompt)
+        gaps = [worst_gap_during_long_prompt(client, args.model, f"Attempt {i}: {text}", args.max_tokens)
+                for i in range(2)]  # a prompt of its own each time: a prefix cache must not answer the second
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    print(f"{args.model}, {args.max_tokens} new tokens per client, {args.reps} rounds, medians; "
-          f"torch threads as the server chose")
-    print(f"{'clients':>7} {'decode tok/s':>12} {'end-to-end tok/s':>16} {'TTFT p50':>9} {'TTFT p99':>9} "
-          f"{'ITL p50':>8} {'ITL p99':>8}")
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    baseline = generate_alone(args.model, args.max_tokens, args.reps) if args.baseline else None
+    result = {"label": label, "model": args.model, "max_tokens": args.max_tokens, "reps": args.reps,
+              "levels": {c: {"tok_s": statistics.median(tps[c]), "ttft_p50_ms": pct(ttft[c], .5) * 1e3,
+                             "itl_p50_ms": pct(itl[c], .5) * 1e3} for c in levels},
+              "long_prompt_tokens": gaps[0][1], "worst_gap_ms": max(g for g, _ in gaps) * 1e3,
+              "tokens_short": short, "generate_alone_tok_s": baseline}
+    print(f"{label}: {args.model}, {args.max_tokens} new tokens per client, greedy, {args.reps} rounds, medians")
+    print(f"{'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8}")
     for c in levels:
-        print(f"{c:>7} {statistics.median(decode[c]):>12.1f} {statistics.median(tps[c]):>16.1f} "
-              f"{pct(ttft[c], .5) * 1e3:>7.0f}ms {pct(ttft[c], .99) * 1e3:>7.0f}ms "
-              f"{pct(itl[c], .5) * 1e3:>6.0f}ms {pct(itl[c], .99) * 1e3:>6.0f}ms")
-    end_to_end = statistics.median(tps[8]) / statistics.median(tps[1])
-    print(f"end to end (prefills and waiting included), 8 clients / 1 client: {end_to_end:.2f}x")
-    ratio = statistics.median(decode[8]) / statistics.median(decode[1])
-    print(f"aggregate decode throughput, 8 clients / 1 client: {ratio:.2f}x")
+        r = result["levels"][c]
+        print(f"{c:>7} {r['tok_s']:>8.1f} {r['ttft_p50_ms']:>7.0f}ms {r['itl_p50_ms']:>6.0f}ms")
+    print(f"a running stream's worst gap while a {gaps[0][1]}-token prompt is admitted: "
+          f"{result['worst_gap_ms']:.0f} ms (the worse of 2 attempts)")
+    if short:
+        print(f"{short} tokens fewer than asked came back (answers that ended at EOS): tok/s counts what came back")
+    if baseline is not None and 1 in levels:
+        print(f"hardway.generate alone: {baseline:.1f} tok/s; one client through the server: "
+              f"{result['levels'][1]['tok_s'] / baseline:.2f}x of it")
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,17 +2,57 @@
 
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
+from hardway.serving import BlockManager, ScheduledBatch
 
 
-# Exercise 1: where a sequence's position lives in the pool of blocks.
-def my_slot_of(block_table, position, block_size):
-    block = block_table[position // block_size]  # which block holds it
-    return block * block_size + position % block_size  # that block's first slot, plus the offset inside it
+# Exercise 1: the block manager's allocate and free.
+class MyBlockManager(BlockManager):
+    def grow(self, block_table, n_positions):
+        missing = -(-n_positions // self.block_size) - len(block_table)  # blocks still needed (ceil division)
+        if missing > len(self.free_blocks):
+            return False  # refuse before taking anything: a half-grown table would hold blocks nobody can use
+        for _ in range(max(missing, 0)):
+            block_table.append(self.free_blocks.popleft())
+        return True
+
+    def release(self, block_table):
+        self.free_blocks.extend(block_table)
+        block_table.clear()  # the sequence holds nothing now: releasing it again gives nothing back twice
 
 
-# Exercise 2: cut the text before the earliest stop string.
-def my_apply_stop(text, stop):
-    starts = [text.find(s) for s in stop if s in text]
-    if not starts:
-        return text, False
-    return text[:min(starts)], True
+# Exercise 2: the scheduler's decision.
+def my_schedule(scheduler):
+    batch = ScheduledBatch()
+    budget = scheduler.max_step_tokens
+    for seq in list(scheduler.running):  # running sequences first, oldest first
+        if seq not in scheduler.running:  # already preempted in this step, to make room for an older one
+            continue
+        n = scheduler.tokens_this_step(seq, budget)
+        if n == 0:
+            continue
+        while not scheduler.blocks.grow(seq.block_table, seq.n_cached + n):
+            victim = scheduler.running[-1]  # the latest arrival
+            scheduler.preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                break
+        else:
+            batch.add(seq, n)
+            budget -= n
+    if not batch.preempted:  # admit only when the pool was not short
+        while scheduler.waiting and len(scheduler.running) < scheduler.max_batch and budget > 0:
+            seq = scheduler.waiting[0]
+            n = scheduler.tokens_this_step(seq, budget)
+            if not scheduler.blocks.grow(seq.block_table, seq.n_cached + n):
+                break
+            scheduler.admit_first()
+            batch.add(seq, n)
+            batch.admitted.append(seq)
+            budget -= n
+    return batch
+
+
+# Exercise 3: a prompt under the step's budget.
+def my_tokens_this_step(seq, budget):
+    uncomputed = len(seq.prompt_ids) + len(seq.output_ids) - seq.n_cached  # after a preemption: everything again
+    return min(uncomputed, budget)

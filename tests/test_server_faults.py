@@ -25,7 +25,7 @@ from hardway.chat import ChatTemplate
 from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.server import create_app
-from hardway.serving import Engine
+from hardway.serving import Engine, ModelRunner
 from hardway.tokenizer import load_tokenizer
 from test_server import GPT2, HARDWAY, PROMPTS, SMOLLM2, alone, free_port
 
@@ -180,14 +180,14 @@ POISON = "Poison pill"
 @pytest.fixture
 def poisoned(live, monkeypatch):
     """Every forward pass that holds the POISON prompt raises, as a bug or a bad kernel would."""
-    poison, forward = live.tok.encode(POISON), Engine._forward
+    poison, forward = live.tok.encode(POISON), ModelRunner.forward
 
-    def raising_forward(self, seqs, input_ids):
+    def raising_forward(self, seqs, n_new):
         if any(s.prompt_ids == poison for s in seqs):
             raise RuntimeError("injected failure")
-        return forward(self, seqs, input_ids)
+        return forward(self, seqs, n_new)
 
-    monkeypatch.setattr(Engine, "_forward", raising_forward)
+    monkeypatch.setattr(ModelRunner, "forward", raising_forward)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -13,10 +13,9 @@ from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.kv_cache import KVCache
 from hardway.loading import load
-from hardway.serving import (BlockManager, Engine, PagedKVCache, PoolTooSmallError, SamplingParams, Sequence,
-                             apply_stop, check_apply_stop, check_slot_of, slot_of)
+from hardway.serving import (BlockManager, Detokenizer, Engine, ModelRunner, OutputProcessor, PagedKVCache,
+                             PoolTooSmallError, SamplingParams, Scheduler, Sequence, apply_stop, slot_of)
 from hardway.tokenizer import load_tokenizer
-from exercise_solutions import load_solutions
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a", "def fib(n):",
            "1, 2, 3, 4,"]
@@ -48,12 +47,13 @@ def test_paged_cache_returns_what_a_contiguous_cache_holds():
     lengths = [9, 5]  # positions already written
     full = [torch.randn(1, H, n + 1, d) for n in lengths]  # each sequence's keys for positions 0..n
     refs = []
-    for table, n, k in zip(tables, lengths, full):  # write the history of each sequence alone
-        pool.bind([table], [0], n)
+    slots = [torch.tensor([slot_of(table, p, bs) for p in range(n + 1)]) for table, n in zip(tables, lengths)]
+    for row, n, k in zip(slots, lengths, full):  # write the history of each sequence alone
+        pool.bind([row[:n]], [n])
         pool.update(0, 0, k[:, :, :n], k[:, :, :n])
         ref = KVCache(1, 1, n + 1, H, d)
         refs.append(ref.update(0, 0, k, k)[0])  # (1, H, n + 1, d)
-    mask = pool.bind(tables, lengths, 1)  # (2, 10): one new position each
+    mask = pool.bind(slots, [1, 1])  # (2, 10): one new position each
     new = torch.cat([k[:, :, -1:] for k in full])  # (2, H, 1, d)
     keys, values = pool.update(0, max(lengths), new, new)  # (2, H, 10, d)
     assert keys.shape == (2, H, 10, d)
@@ -119,13 +119,13 @@ def test_engine_refuses_what_the_pool_cannot_hold_and_abort_frees(gpt2):
 def test_stop_strings_cut_the_text_and_streaming_holds_back_a_possible_stop():
     assert apply_stop("Hello world. Bye", [".", "Bye"]) == ("Hello world", True)
     assert apply_stop("Hello", ["xyz"]) == ("Hello", False)
-    engine = Engine.__new__(Engine)  # only _new_text, which needs no model
+    new_text = OutputProcessor.new_text  # needs no model
     seq = Sequence([1], SamplingParams(stop=["END"]))
     seq.text = "abcEN"
-    assert engine._new_text(seq, finished=False) == "abc"  # "EN" may become "END": held back
+    assert new_text(seq, finished=False) == "abc"  # "EN" may become "END": held back
     seq.text = "abcENxy"
-    assert engine._new_text(seq, finished=False) == "EN"  # only the last len("END") - 1 characters wait
-    assert engine._new_text(seq, finished=True) == "xy"  # finished: everything
+    assert new_text(seq, finished=False) == "EN"  # only the last len("END") - 1 characters wait
+    assert new_text(seq, finished=True) == "xy"  # finished: everything
 
 
 def test_engine_stops_at_a_stop_string(gpt2):
@@ -137,19 +137,6 @@ def test_engine_stops_at_a_stop_string(gpt2):
     [seq] = engine.generate([ids], SamplingParams(max_tokens=8, temperature=0, stop=[stop]))
     assert seq.text == full[:full.index(stop)] and seq.finish_reason == "stop"
     assert engine.blocks.n_free == 16
-
-
-def test_exercise_checks_pass_the_solutions_and_fail_wrong_answers():
-    sol = load_solutions("14_serving")
-    assert check_slot_of(None).startswith("not attempted")
-    assert check_slot_of(sol.my_slot_of).startswith("right"), check_slot_of(sol.my_slot_of)
-    wrong = check_slot_of(lambda table, pos, bs: table[pos // bs] + pos % bs)  # forgot to scale the block id
-    assert wrong.startswith("wrong") and "expected" in wrong
-    assert check_apply_stop(None).startswith("not attempted")
-    assert check_apply_stop(sol.my_apply_stop).startswith("right"), check_apply_stop(sol.my_apply_stop)
-    first_listed = check_apply_stop(lambda text, stop: next(((text[:text.index(s)], True) for s in stop if s in text),
-                                                            (text, False)))  # first stop listed, not first in text
-    assert first_listed.startswith("wrong") and "expected" in first_listed
 
 
 # --- a request the engine cannot compute fails alone -------------------------------------------------------------
@@ -164,15 +151,15 @@ def test_a_sequence_whose_forward_raises_fails_alone(gpt2, monkeypatch, phase):
     model, tok = gpt2
     prompts, poison = [tok.encode(p) for p in PROMPTS[:3]], tok.encode(POISON)
     expected = [alone(model, ids, 6) for ids in prompts]
-    forward = Engine._forward
+    forward = ModelRunner.forward
 
-    def raising_forward(self, seqs, input_ids):
-        decoding = input_ids.shape[1] == 1 and len(seqs[0].tokens) > len(seqs[0].prompt_ids)
-        if any(s.prompt_ids == poison for s in seqs) and (phase == "decode") == decoding:
+    def raising_forward(self, seqs, n_new):
+        poisoned = [s for s in seqs if s.prompt_ids == poison]
+        if poisoned and (phase == "decode") == bool(poisoned[0].output_ids):
             raise RuntimeError("injected failure")
-        return forward(self, seqs, input_ids)
+        return forward(self, seqs, n_new)
 
-    monkeypatch.setattr(Engine, "_forward", raising_forward)
+    monkeypatch.setattr(ModelRunner, "forward", raising_forward)
     engine = Engine(model, tok, n_blocks=64, block_size=4, max_batch=8)
     params = SamplingParams(max_tokens=6, temperature=0)
     good = [engine.add(ids, params) for ids in prompts[:2]]
@@ -212,3 +199,128 @@ def test_a_tiny_temperature_decodes_as_greedy(gpt2):
     engine = Engine(model, tok, n_blocks=16, block_size=4)
     [seq] = engine.generate([ids], SamplingParams(max_tokens=6, temperature=1e-40, seed=3))
     assert seq.output_ids == alone(model, ids, 6)
+
+
+# --- the split: scheduler alone, runner's rows, output processor ----------------------------------------------------
+
+def _scheduler_with(n_blocks, budget, running, waiting, max_batch=4):
+    """A Scheduler in a given state, no model: running (prompt length, tokens generated), waiting prompt lengths."""
+    scheduler = Scheduler(n_blocks, 4, max_batch=max_batch, max_step_tokens=budget)
+    for n_prompt, n_out in running:
+        seq = Sequence(list(range(n_prompt)), SamplingParams(max_tokens=16), output_ids=[0] * n_out)
+        seq.n_cached = len(seq.tokens) - 1
+        assert scheduler.blocks.grow(seq.block_table, seq.n_cached)
+        scheduler.running.append(seq)
+    for n_prompt in waiting:
+        scheduler.add(Sequence(list(range(n_prompt)), SamplingParams(max_tokens=16)))
+    return scheduler
+
+
+def test_scheduler_runs_the_running_first_and_admits_only_without_preemption():
+    s = _scheduler_with(4, 64, [(8, 1)], [8])  # the running one needs a 3rd block; the prompt would take the last 2
+    old, new = s.running[0], s.waiting[0]
+    batch = s.schedule()
+    assert batch.seqs == [old] and batch.n_new == [1] and not batch.admitted and list(s.waiting) == [new]
+    s = _scheduler_with(5, 6, [(8, 1), (12, 1)], [])  # the older needs a block: the latest arrival goes
+    a, c = s.running
+    batch = s.schedule()
+    assert batch.preempted == [c] and batch.seqs == [a] and not batch.admitted  # c could come back in a chunk: not now
+    assert c.n_cached == 0 and c.block_table == [] and list(s.waiting) == [c] and c.n_preemptions == 1
+    batch = s.schedule()  # next step: the pool is not short any more, c comes back, chunked under the budget
+    assert batch.admitted == [c] and batch.n_new == [1, 5] and not batch.preempted
+
+
+def test_scheduler_batches_prefills_and_chunks_under_the_budget():
+    s = _scheduler_with(64, 16, [(4, 1), (4, 2)], [5, 7, 30], max_batch=8)
+    batch = s.schedule()
+    assert batch.n_new == [1, 1, 5, 7, 2]  # two decodes, two whole prompts, and the first 2 tokens of the third
+    assert len(batch.admitted) == 3 and sum(batch.n_new) == 16
+    long = batch.admitted[-1]
+    long.n_cached += 2
+    for seq, n in zip(batch.seqs[:4], batch.n_new[:4]):  # the others computed theirs and picked a token
+        seq.n_cached += n
+        seq.output_ids.append(0)
+    batch = s.schedule()
+    assert batch.seqs[-1] is long and batch.n_new == [1, 1, 1, 1, 12]  # its next chunk: the rest of the budget
+
+
+def test_preempted_sequences_come_back_in_order_of_arrival():
+    s = _scheduler_with(6, 64, [(4, 1), (4, 1), (4, 1)], [])  # each holds 1 block and needs a 2nd: 3 free
+    for seq in s.running:  # make them need 2 more blocks each
+        seq.output_ids += [0] * 4
+        seq.n_cached += 4
+    a, b, c = s.running
+    s.schedule()
+    assert [x.id for x in s.running] == sorted(x.id for x in s.running)
+    assert all(v.id > r.id for v in s.waiting for r in s.running)  # only later arrivals were preempted
+
+
+def test_row_width_keeps_decodes_at_one_and_splits_long_prefills():
+    assert ModelRunner.row_width([1, 1, 1], 100) == 1
+    assert ModelRunner.row_width([5, 7], 20) == 7  # two short prompts: one row each
+    width = ModelRunner.row_width([1] * 15 + [256], 300)  # decodes beside a long chunk: rows of less than 256
+    assert 1 < width < 256
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    folder = checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")
+    return load(folder), load_tokenizer(folder)
+
+
+@pytest.mark.parametrize("stand_in", ["gpt2", "smollm2"])
+def test_batched_and_chunked_prefill_with_preemption_equal_generate(stand_in, request):
+    """Five prompts, one of ~70 tokens, under a budget of 24 tokens per step in a pool too small for all: several
+    prompts prefilled in one pass, the long one in chunks of several rows beside running decodes, preemptions; every
+    answer token-identical to generate() alone, every block back."""
+    model, tok = request.getfixturevalue(stand_in)
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 7)
+    prompts = [tok.encode(p) for p in PROMPTS + [long]]
+    n = 8
+    expected = [alone(model, ids, n) for ids in prompts]
+    engine = Engine(model, tok, n_blocks=14, block_size=8, max_batch=5, max_step_tokens=24)
+    widths = []
+    row_width = engine.runner.row_width
+    engine.runner.row_width = lambda n_new, s: widths.append((list(n_new), row_width(n_new, s))) or widths[-1][1]
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=n, temperature=0))
+    assert [s.output_ids for s in seqs] == expected
+    assert engine.n_preemptions > 0, "the pool was meant to run out"
+    assert any(sum(k > 1 for k in n_new) >= 2 for n_new, _ in widths), "no step prefilled two prompts at once"
+    assert any(max(n_new) > w for n_new, w in widths), "no prefill chunk was split over several rows"
+    assert any(1 in n_new and max(n_new) > 1 for n_new, _ in widths), "no step mixed decodes and a prefill"
+    assert sorted(engine.blocks.free_blocks) == list(range(14))
+
+
+def test_detokenizer_equals_the_tokenizers_streaming_decoder(smollm2):
+    """Token by token, our incremental detokenizer hands out what tokenizers' DecodeStream hands out, half
+    characters held back, and the whole equals decode()."""
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+
+    _, tok = smollm2
+    reference = Tokenizer.from_file(str(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct") / "tokenizer.json"))
+    text = "Crème brûlée, 日本語, 🐉🍳 and ∑ x² — done."
+    ids = tok.encode(text)
+    assert ids == reference.encode(text, add_special_tokens=False).ids
+    ours, theirs = Detokenizer(tok.decoder), DecodeStream(skip_special_tokens=False)
+    ours_so_far = theirs_so_far = ""
+    for i in ids:
+        piece = ours.push(i)
+        assert "\ufffd" not in piece  # half a character is held back, never sent
+        ours_so_far += piece
+        theirs_so_far += theirs.step(reference, i) or ""
+        assert ours_so_far.startswith(theirs_so_far) or theirs_so_far.startswith(ours_so_far)  # never different text
+    assert ours_so_far + ours.flush() == theirs_so_far == tok.decode(ids) == text
+
+
+def test_streamed_text_equals_the_finished_text_with_a_multibyte_stop(gpt2):
+    model, tok = gpt2
+    ids = tok.encode(PROMPTS[1])
+    out = alone(model, ids, 10)
+    stop = tok.decode(out[4:6])
+    engine = Engine(model, tok, n_blocks=16, block_size=4)
+    seq = engine.add(ids, SamplingParams(max_tokens=10, temperature=0, stop=[stop]))
+    pieces = []
+    while engine.has_work():
+        pieces += [e.text for e in engine.step() if e.seq is seq]
+    assert "".join(pieces) == seq.text == tok.decode(out)[:tok.decode(out).index(stop)]
