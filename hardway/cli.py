@@ -121,7 +121,7 @@ def cmd_chat(args) -> int:
 
 def cmd_serve(args) -> int:
     device, dtype = _device_and_dtype(args)
-    for name in ("max_batch", "blocks", "block_size"):
+    for name in ("max_batch", "blocks", "block_size", "max_step_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 < args.port < 65536:
@@ -132,7 +132,7 @@ def cmd_serve(args) -> int:
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
     resolve("hardway.server:serve")(args.model, host=args.host, port=args.port, max_batch=args.max_batch,  # lesson 14
                                     n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype,
-                                    grace_s=args.grace)
+                                    grace_s=args.grace, max_step_tokens=args.max_step_tokens)
     return 0
 
 
@@ -171,6 +171,8 @@ def main(argv=None) -> int:
     s.add_argument("--blocks", type=int, default=None, help="KV-cache blocks in the pool (default: max-batch x 512 "
                                                           "positions)")
     s.add_argument("--block-size", type=int, default=16, help="positions per block")
+    s.add_argument("--max-step-tokens", type=int, default=512,
+                   help="tokens one engine step computes at most; a longer prompt is prefilled in chunks (default 512)")
     s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
     args = parser.parse_args(argv)
