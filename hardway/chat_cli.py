@@ -10,7 +10,7 @@ import sys
 import torch
 
 from hardway.chat import ChatTemplate, ChatTemplateError, fit_conversation
-from hardway.cli import TextStream  # lesson 11
+from hardway.streaming import Detokenizer  # lesson 11
 from hardway.generation import generate  # lesson 08
 
 
@@ -49,11 +49,13 @@ def chat_loop(model, chat: ChatTemplate, max_new_tokens: int = 256, max_context:
                       f"{max_context} tokens)\n")
         messages = kept
         ids = torch.tensor([chat.encode(messages, add_generation_prompt=True)], device=device)  # (1, T)
-        stream = TextStream(chat.tokenizer)
+        stream = Detokenizer(chat.tokenizer.decoder)
+        answer: list[int] = []  # the answer's ids, end-of-turn excluded
 
         def show(next_ids):  # next_ids: (1,)
             token = int(next_ids[0])
             if token not in end_ids:
+                answer.append(token)
                 out.write(stream.push(token))
                 out.flush()
 
@@ -63,5 +65,5 @@ def chat_loop(model, chat: ChatTemplate, max_new_tokens: int = 256, max_context:
             generate(model, ids, max_new_tokens, eos_token_id=end_ids, on_token=show, **sampling)
         except KeyboardInterrupt:
             out.write(" [stopped]")
-        out.write("\n")
-        messages.append({"role": "assistant", "content": chat.tokenizer.decode(stream.ids)})
+        out.write(stream.flush() + "\n")
+        messages.append({"role": "assistant", "content": chat.tokenizer.decode(answer)})

@@ -14,6 +14,7 @@ from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.loading import DTYPE_NAMES, check_device, load, resolve
 from hardway.sampling import build_processors
+from hardway.streaming import Detokenizer
 from hardway.tokenizer import load_tokenizer
 
 
@@ -37,25 +38,6 @@ def cmd_verify(args) -> int:
     failed = [c.name for c in checks if not c.passed]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
     return 1 if failed else 0
-
-
-class TextStream:
-    """Token ids in, text out as soon as it is whole: a character split across tokens (é, 日, an emoji are several
-    bytes) is held back until its last byte arrives; until then the decoded text ends in U+FFFD."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.shown = ""  # the text already handed out
-
-    def push(self, token_id: int) -> str:
-        """Add one token; return the text that became printable (maybe "")."""
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # the last character is incomplete: wait for the next token
-            return ""
-        new, self.shown = text[len(self.shown):], text
-        return new
 
 
 def _sampling(args, device) -> dict:
@@ -88,7 +70,7 @@ def cmd_generate(args) -> int:
         model = load(folder, device=device, dtype=dtype)
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     end_ids = set(stop.get("eos_token_id", ()))  # with --chat the end-of-turn token is not printed
-    text = TextStream(tokenizer)
+    text = Detokenizer(tokenizer.decoder)
     new: list[int] = []
 
     def stream(next_ids):  # next_ids: (1,)
@@ -103,7 +85,7 @@ def cmd_generate(args) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the text so far stays on stdout; one line on stderr says why it stopped
         print(f"\nhardway generate: interrupted after {len(new)} new token(s)", file=sys.stderr)
         return 130
-    sys.stdout.write("\n")
+    sys.stdout.write(text.flush() + "\n")  # half a character left at the end shows as U+FFFD, as decode shows it
     return 0
 
 

@@ -21,7 +21,6 @@ attention mask the runner passes to the model.
 """
 from __future__ import annotations
 
-import codecs
 import itertools
 import math
 from collections import deque
@@ -31,6 +30,7 @@ import torch
 
 from hardway.loading import CausalLM
 from hardway.sampling import build_processors, sample_next_token
+from hardway.streaming import Detokenizer  # lesson 11
 
 
 class PoolTooSmallError(ValueError):
@@ -377,24 +377,6 @@ class ModelRunner:
                 scores = processors(torch.tensor([seq.tokens], device=self.device), logits[i:i + 1].float())  # (1, V)
                 tokens[i] = sample_next_token(scores, True, seq.generator)[0]
         return tokens.tolist()
-
-
-class Detokenizer:
-    """Token ids in, text out as it comes, at a constant cost per token: each token's bytes go through an
-    incremental UTF-8 decoder, which keeps the bytes of a character not complete yet (é, 日, an emoji can be split
-    across tokens) until the rest arrives. Invalid bytes become U+FFFD, as the tokenizer's decode does."""
-
-    def __init__(self, token_bytes: dict[int, bytes]):
-        self.token_bytes = token_bytes
-        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token_id: int) -> str:
-        """One more token -> the text that became whole (maybe "")."""
-        return self.utf8.decode(self.token_bytes[token_id])
-
-    def flush(self) -> str:
-        """The end: bytes still waiting are half a character, and become U+FFFD."""
-        return self.utf8.decode(b"", final=True)
 
 
 def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:

@@ -13,8 +13,9 @@ from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.kv_cache import KVCache
 from hardway.loading import load
-from hardway.serving import (BlockManager, Detokenizer, Engine, ModelRunner, OutputProcessor, PagedKVCache,
+from hardway.serving import (BlockManager, Engine, ModelRunner, OutputProcessor, PagedKVCache,
                              PoolTooSmallError, SamplingParams, Scheduler, Sequence, apply_stop, slot_of)
+from hardway.streaming import Detokenizer
 from hardway.tokenizer import load_tokenizer
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a", "def fib(n):",
