@@ -220,10 +220,12 @@ def test_hardway_chat_in_a_pseudo_terminal():
     question = "What is the capital of France?"
     ids = torch.tensor([chat.encode([{"role": "user", "content": question}], add_generation_prompt=True)])
     end_ids = chat.end_of_turn_ids()
-    out = hardway.generate(model, ids, 40, eos_token_id=end_ids)[0, ids.shape[1]:].tolist()
+    # Room for a long answer, so the story below is still streaming when Ctrl-C arrives on a loaded machine (the
+    # answer to this question ends with its end-of-turn token long before).
+    out = hardway.generate(model, ids, 300, eos_token_id=end_ids)[0, ids.shape[1]:].tolist()
     expected = chat.tokenizer.decode([i for i in out if i not in end_ids])
 
-    term = Terminal(_cli("chat", "--model", SMOLLM2, "--max-new-tokens", "40"))
+    term = Terminal(_cli("chat", "--model", SMOLLM2, "--max-new-tokens", "300"))
     term.read_until(r"you> ")
     term.type(question + "\r")
     answer = term.read_until(r"\r\nyou> ")
