@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hardway.fast_decode import (StaticDecodeStep, cpu_decode_backend, matvec_as_sum, measure_bandwidth,  # noqa: E402
                                  roofline_tokens_per_s)
-from hardway.generation import generate  # noqa: E402
+from hardway.generation import decode_one_token, generate, prefill  # noqa: E402
 from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
 from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
 from hardway.memory import weight_bytes  # noqa: E402
@@ -82,9 +82,9 @@ def operators_per_step(model, ids: torch.Tensor) -> int:
 
     with torch.inference_mode():
         cache = model.new_kv_cache(1, ids.shape[1] + 1)
-        model(ids, kv_cache=cache, start_pos=0, last_only=True)
+        prefill(model, ids, cache)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(ids[:, -1:], kv_cache=cache, start_pos=ids.shape[1])
+            decode_one_token(model, ids[:, -1:], torch.tensor(ids.shape[1]), cache)
     return sum(1 for e in prof.events() if e.name.startswith("aten::")
                and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
 
@@ -143,14 +143,14 @@ def main(argv=None) -> float:
                                    eos_token_id=None, pad_token_id=0)
 
     fns = {"transformers": run_theirs,
-           "hardway": lambda: generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)}
+           "hardway": lambda: generate(ours, ids, max_new_tokens=n, eos_token_id=None)}
     compile_s = None
     if args.compile:  # its own copy: on CPU the compiled step re-stores the matrices row by row
         step = StaticDecodeStep(load(folder, device=args.device, dtype=dtype), max_len=ids.shape[1] + n)
         started = time.perf_counter()
-        step.generate(ids, n, do_sample=False, eos_token_id=None)  # the first call compiles
+        step.generate(ids, n, eos_token_id=None)  # the first call compiles
         compile_s = time.perf_counter() - started
-        fns["hardway compiled"] = lambda: step.generate(ids, n, do_sample=False, eos_token_id=None)
+        fns["hardway compiled"] = lambda: step.generate(ids, n, eos_token_id=None)
     if args.llama_cpp:
         llama_run = llama_cpp_generate(args.llama_cpp, args.llama_cpp_path, args.threads)
         fns["llama.cpp"] = lambda: llama_run(ids.cpu(), n)
