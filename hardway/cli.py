@@ -79,7 +79,8 @@ def cmd_generate(args) -> int:
 
     decoder = None  # lesson 08's eager steps; with --compile lesson 12's, compiled on the first step
     if args.compile:
-        decoder = resolve("hardway.fast_decode:StaticDecodeStep")(model, max_len=input_ids.shape[1] + args.max_new_tokens)
+        static_step = resolve("hardway.fast_decode:StaticDecodeStep")  # lesson 12
+        decoder = static_step(model, max_len=input_ids.shape[1] + args.max_new_tokens)
     try:
         generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, decoder=decoder, **stop,
                  **sampling)
