@@ -177,10 +177,11 @@ class StaticDecodeStep(Decoder):
         if tuple(token.shape) != tuple(self.token.shape):
             raise ValueError(f"the compiled step decodes one token per row, shape {tuple(self.token.shape)}; "
                              f"got {tuple(token.shape)}")
-        if not 0 <= int(input_pos) < self.kv_cache.max_len:  # generate's position lives on the host: no wait
-            raise ValueError(f"position {int(input_pos)} is outside the static cache's {self.kv_cache.max_len} slots")
+        pos = int(input_pos)  # generate's position lives on the host: reading it waits for nothing
+        if not 0 <= pos < self.kv_cache.max_len:
+            raise ValueError(f"position {pos} is outside the static cache's {self.kv_cache.max_len} slots")
         self.token.copy_(token)  # on the device: no host round trip
-        self.input_pos.copy_(input_pos)
+        self.input_pos.fill_(pos)  # a fill with a host number; a copy_ from host memory would wait for the GPU
         return self.compiled(self.model, self.token, self.input_pos, self.kv_cache)  # (B, 1, V)
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY,
