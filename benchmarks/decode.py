@@ -17,7 +17,9 @@ sees the same background load, next to the copy figure (reads and writes, measur
 streaming sums, on CUDA replayed as one CUDA graph; its first call, the compilation, is timed. `--gemv`: the GB/s of
 each matrix-vector kernel on the model's own matrix shapes. `--llama-cpp GGUF`: llama.cpp on that file, when the
 `llama_cpp` module is importable (`--llama-cpp-path` adds a folder, e.g. a separate venv's site-packages, at the end
-of the import path). The last line is the ratio hardway / transformers (compiled when --compile).
+of the import path). `--one-thread`: also the compiled step (compiled again, on one thread) and llama.cpp on one
+thread, with a one-thread read bandwidth for their roofline, in the same rounds. The last line is the ratio
+hardway / transformers (compiled when --compile).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hardway.fast_decode import (StaticDecodeStep, cpu_decode_backend, matvec_as_sum, measure_bandwidth,  # noqa: E402
                                  roofline_tokens_per_s)
-from hardway.generation import generate  # noqa: E402
+from hardway.generation import decode_one_token, generate, prefill  # noqa: E402
 from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
 from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
 from hardway.memory import weight_bytes  # noqa: E402
@@ -82,9 +84,9 @@ def operators_per_step(model, ids: torch.Tensor) -> int:
 
     with torch.inference_mode():
         cache = model.new_kv_cache(1, ids.shape[1] + 1)
-        model(ids, kv_cache=cache, start_pos=0, last_only=True)
+        prefill(model, ids, cache)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(ids[:, -1:], kv_cache=cache, start_pos=ids.shape[1])
+            decode_one_token(model, ids[:, -1:], torch.tensor(ids.shape[1]), cache)
     return sum(1 for e in prof.events() if e.name.startswith("aten::")
                and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
 
@@ -123,6 +125,8 @@ def main(argv=None) -> float:
     parser.add_argument("--gemv", action="store_true", help="print each matrix-vector kernel's GB/s (CPU fp32)")
     parser.add_argument("--llama-cpp", metavar="GGUF", help="also time llama.cpp on this GGUF of the same weights")
     parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
+    parser.add_argument("--one-thread", action="store_true",
+                        help="also time the compiled step (with --compile) and llama.cpp on 1 thread, same rounds")
     args = parser.parse_args(argv)
     if args.llama_cpp and args.device != "cpu":
         raise SystemExit("--llama-cpp compares on the CPU: use it with --device cpu")
@@ -143,24 +147,49 @@ def main(argv=None) -> float:
                                    eos_token_id=None, pad_token_id=0)
 
     fns = {"transformers": run_theirs,
-           "hardway": lambda: generate(ours, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)}
+           "hardway": lambda: generate(ours, ids, max_new_tokens=n, eos_token_id=None)}
     compile_s = None
     if args.compile:  # its own copy: on CPU the compiled step re-stores the matrices row by row
         step = StaticDecodeStep(load(folder, device=args.device, dtype=dtype), max_len=ids.shape[1] + n)
         started = time.perf_counter()
-        step.generate(ids, n, do_sample=False, eos_token_id=None)  # the first call compiles
+        step.generate(ids, n, eos_token_id=None)  # the first call compiles
         compile_s = time.perf_counter() - started
-        fns["hardway compiled"] = lambda: step.generate(ids, n, do_sample=False, eos_token_id=None)
+        fns["hardway compiled"] = lambda: step.generate(ids, n, eos_token_id=None)
     if args.llama_cpp:
         llama_run = llama_cpp_generate(args.llama_cpp, args.llama_cpp_path, args.threads)
         fns["llama.cpp"] = lambda: llama_run(ids.cpu(), n)
+    read_buffer = torch.ones(2**30 // 4, dtype=torch.float32, device=args.device)  # 1 GiB of fp32
+    reads = {"read": read_buffer.sum}
+    compile_1_s = None
+    if args.one_thread and args.device == "cpu":
+        def on_one_thread(fn):
+            def run():
+                torch.set_num_threads(1)
+                try:
+                    return fn()
+                finally:
+                    torch.set_num_threads(args.threads)
+            return run
+
+        reads["read, 1 thread"] = on_one_thread(read_buffer.sum)
+        if args.compile:  # compiled on one thread: inductor's C++ loops take the thread count they are compiled with
+            step_1 = StaticDecodeStep(load(folder, device=args.device, dtype=dtype), max_len=ids.shape[1] + n)
+            started = time.perf_counter()
+            on_one_thread(lambda: step_1.generate(ids, n, eos_token_id=None))()
+            compile_1_s = time.perf_counter() - started
+            fns["hardway compiled, 1 thread"] = on_one_thread(lambda: step_1.generate(ids, n, eos_token_id=None))
+        if args.llama_cpp:
+            llama_run_1 = llama_cpp_generate(args.llama_cpp, args.llama_cpp_path, 1)
+            fns["llama.cpp, 1 thread"] = lambda: llama_run_1(ids.cpu(), n)
     # The roofline's bandwidth is sampled in the same rounds as the engines (a 1 GiB sum between their runs), so a
     # burst of background load lowers it as it lowers them: on a shared machine a figure measured once, before or
     # after, can be from another load.
-    read_buffer = torch.ones(2**30 // 4, dtype=torch.float32, device=args.device)  # 1 GiB of fp32
-    times, outs = time_interleaved({**fns, "read": read_buffer.sum}, args.device, args.reps)
-    read_bw = read_buffer.nbytes / statistics.median(times.pop("read"))
-    del outs["read"], read_buffer
+    times, outs = time_interleaved({**fns, **reads}, args.device, args.reps)
+    read_bws = {name: read_buffer.nbytes / statistics.median(times.pop(name)) for name in reads}
+    read_bw = read_bws["read"]
+    for name in reads:
+        del outs[name]
+    del read_buffer
     tps = {name: n / statistics.median(t) for name, t in times.items()}
     same = {name: out.shape == outs["transformers"].shape and torch.equal(out.cpu(), outs["transformers"].cpu())
             for name, out in outs.items()}
@@ -174,18 +203,27 @@ def main(argv=None) -> float:
     print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up")
     print(f"weights {wbytes / 1e6:.1f} MB; read bandwidth (a 1 GiB sum, in the same rounds) {read_bw / 1e9:.1f} GB/s, "
           f"copy (after) {copy_bw / 1e9:.1f} GB/s; roofline {roofline:.1f} tok/s")
+    if "read, 1 thread" in read_bws:
+        print(f"on 1 thread: read bandwidth {read_bws['read, 1 thread'] / 1e9:.1f} GB/s; roofline "
+              f"{roofline_tokens_per_s(wbytes, read_bws['read, 1 thread']):.1f} tok/s")
     for name, s in tps.items():
-        print(f"{name + ':':<18} {s:8.1f} tok/s  ({s / roofline:4.0%} of roofline)  "
+        bw = read_bws["read, 1 thread"] if name.endswith("1 thread") else read_bw
+        print(f"{name + ':':<28} {s:8.1f} tok/s  ({s / roofline_tokens_per_s(wbytes, bw):4.0%} of roofline)  "
               f"tokens {'identical to transformers' if same[name] else 'DIFFERENT from transformers'}")
     print(f"operators per eager one-token step: {operators_per_step(ours, ids)}")
     if compile_s is not None:
         print(f"compiled step: first call {compile_s:.1f} s (compilation + one generation of "
               f"{n / tps['hardway compiled']:.1f} s)")
+    if compile_1_s is not None:
+        print(f"compiled step, 1 thread: first call {compile_1_s:.1f} s")
     if args.gemv and args.device == "cpu" and dtype == torch.float32:
         gemv_table(ours, read_bw, args.threads)
     best = "hardway compiled" if args.compile else "hardway"
     if args.llama_cpp:
         print(f"ratio {best} / llama.cpp: {tps[best] / tps['llama.cpp']:.2f}")
+    if "hardway compiled, 1 thread" in tps and "llama.cpp, 1 thread" in tps:
+        print(f"ratio hardway compiled / llama.cpp, 1 thread: "
+              f"{tps['hardway compiled, 1 thread'] / tps['llama.cpp, 1 thread']:.2f}")
     if args.compile:
         print(f"ratio hardway compiled / eager: {tps['hardway compiled'] / tps['hardway']:.2f}")
     ratio = tps[best] / tps["transformers"]

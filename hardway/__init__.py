@@ -1,8 +1,9 @@
 """hardway: LLM inference built by hand, exported from the course notebooks.
 
-    from hardway import generate, forward_once, load
+    from hardway import SamplingConfig, generate, forward_once, load
     model = load("openai-community/gpt2")           # hub id or local folder; device=, dtype= optional
-    out = generate(model, input_ids, max_new_tokens=50, do_sample=False)
+    out = generate(model, input_ids, max_new_tokens=50)                  # greedy
+    out = generate(model, input_ids, 50, SamplingConfig(do_sample=True, top_p=0.9))
     logits = forward_once(model, input_ids)         # (B, T, vocab)
 
 Every model `load` returns meets one contract, `hardway.CausalLM` (lesson 06): config, max_seq_len, eos_token_ids,
@@ -19,6 +20,7 @@ _PUBLIC = {
     "load": "hardway.loading",
     "forward_once": "hardway.loading",
     "generate": "hardway.generation",
+    "SamplingConfig": "hardway.sampling",
     "load_tokenizer": "hardway.tokenizer",
 }
 

@@ -12,13 +12,15 @@ import torch
 from hardway.chat import ChatTemplate, ChatTemplateError, fit_conversation
 from hardway.streaming import Detokenizer  # lesson 11
 from hardway.generation import generate  # lesson 08
+from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
 
 
 def chat_loop(model, chat: ChatTemplate, max_new_tokens: int = 256, max_context: int | None = None,
-              system: str | None = None, read=input, out=sys.stdout, **sampling) -> int:
+              system: str | None = None, read=input, out=sys.stdout, sampling: SamplingConfig = GREEDY,
+              generator: torch.Generator | None = None) -> int:
     """Read a message, stream the answer, repeat; 0 at end of input (Ctrl-D). Ctrl-C during an answer stops it and
-    keeps the session. `max_context` (default: the model's) bounds the prompt plus the answer. `sampling` goes to
-    `generate` (do_sample, temperature, top_k, top_p, generator)."""
+    keeps the session. `max_context` (default: the model's) bounds the prompt plus the answer. `sampling` and
+    `generator` go to `generate` (lesson 07's SamplingConfig; default greedy)."""
     max_context = model.max_seq_len if max_context is None else max_context
     if not 0 < max_new_tokens < max_context:
         raise ValueError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in a context of "
@@ -62,7 +64,7 @@ def chat_loop(model, chat: ChatTemplate, max_new_tokens: int = 256, max_context:
         out.write("bot> ")
         out.flush()
         try:
-            generate(model, ids, max_new_tokens, eos_token_id=end_ids, on_token=show, **sampling)
+            generate(model, ids, max_new_tokens, sampling, eos_token_id=end_ids, on_token=show, generator=generator)
         except KeyboardInterrupt:
             out.write(" [stopped]")
         out.write(stream.flush() + "\n")

@@ -13,7 +13,7 @@ import torch
 from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.loading import DTYPE_NAMES, check_device, load, resolve
-from hardway.sampling import build_processors
+from hardway.sampling import SamplingConfig
 from hardway.streaming import Detokenizer
 from hardway.tokenizer import load_tokenizer
 
@@ -33,7 +33,7 @@ def cmd_verify(args) -> int:
     prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
     checks = run_ritual(args.model, device=device, dtype=dtype, prompt=prompt, new_tokens=args.new_tokens,
                         max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text,
-                        report=lambda checks: print(format_report(checks), flush=True))
+                        report=lambda checks: print(format_report(checks), flush=True), compile=args.compile)
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
     failed = [c.name for c in checks if not c.passed]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
@@ -41,14 +41,11 @@ def cmd_verify(args) -> int:
 
 
 def _sampling(args, device) -> dict:
-    """generate's sampling arguments from the command line (--temperature 0 is greedy), checked by the rule
-    `generate` uses before anything loads."""
-    do_sample = args.temperature != 0
-    sampling = dict(do_sample=do_sample, temperature=args.temperature if do_sample else None, top_k=args.top_k,
-                    top_p=args.top_p)
-    build_processors(**sampling)
+    """generate's `sampling` and `generator` from the command line (--temperature 0 is greedy), checked by
+    SamplingConfig before anything loads."""
+    sampling = SamplingConfig.from_temperature(args.temperature, top_k=args.top_k, top_p=args.top_p)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
-    return dict(sampling, generator=generator)
+    return dict(sampling=sampling, generator=generator)
 
 
 def cmd_generate(args) -> int:
@@ -80,8 +77,13 @@ def cmd_generate(args) -> int:
         if new[-1] not in end_ids:
             sys.stdout.write(text.push(new[-1])); sys.stdout.flush()
 
+    decoder = None  # lesson 08's eager steps; with --compile lesson 12's, compiled on the first step
+    if args.compile:
+        static_step = resolve("hardway.fast_decode:StaticDecodeStep")  # lesson 12
+        decoder = static_step(model, max_len=input_ids.shape[1] + args.max_new_tokens)
     try:
-        generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, **stop, **sampling)
+        generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, decoder=decoder, **stop,
+                 **sampling)
     except KeyboardInterrupt:  # Ctrl-C: the text so far stays on stdout; one line on stderr says why it stopped
         print(f"\nhardway generate: interrupted after {len(new)} new token(s)", file=sys.stderr)
         return 130
@@ -133,6 +135,8 @@ def main(argv=None) -> int:
     v.add_argument("--text", default=None, metavar="FILE",
                    help="a local UTF-8 text file for perplexity (default: WikiText-2, or the offline stand-in)")
     v.add_argument("--out", default=None, help="folder for the plots (default: artifacts/verify in the repository)")
+    v.add_argument("--compile", action="store_true",
+                   help="check the greedy tokens of the compiled decode step (lesson 12) instead of the eager one")
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("--max-new-tokens", type=int, default=100)
     sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -142,6 +146,8 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", parents=[common, sampling], help="stream a continuation of a prompt")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="send the prompt as a user message in the chat template")
+    g.add_argument("--compile", action="store_true", help="decode with lesson 12's compiled step: it compiles first "
+                                                          "(seconds to minutes), then each token is faster")
     c = sub.add_parser("chat", parents=[common, sampling], help="an interactive chat (Ctrl-C stops an answer, Ctrl-D quits)")
     c.add_argument("--system", default=None, help="a system message to start the conversation with")
     c.add_argument("--max-context", type=int, default=None,

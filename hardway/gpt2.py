@@ -174,7 +174,7 @@ class CausalSelfAttention(nn.Module):
             # Store the new keys/values at positions start_pos.., get back all of 0..start_pos+T-1.
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # each (B, H, S, d), S = start_pos + T
         S = k.size(2)
-        if mask is None and isinstance(start_pos, torch.Tensor):  # lesson 12's static cache: k, v are all its slots
+        if mask is None and getattr(kv_cache, "returns_every_slot", False):  # lesson 12's static cache: all its slots
             mask = causal_mask(T, S, device=x.device, start_pos=start_pos)  # (T, S): the later slots are empty
         elif mask is None:
             mask = causal_mask(T, S, device=x.device) if T > 1 else None  # (T, S)

@@ -23,6 +23,8 @@ class KVCache:
     no reallocation, and a clear error instead of an index error when the sequence outgrows the cache.
     """
 
+    returns_every_slot = False  # update returns the slots written so far (lesson 12's static cache: all of them)
+
     def __init__(self, n_layers: int, batch_size: int, max_len: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device="cpu"):
         for name, value in dict(n_layers=n_layers, batch_size=batch_size, max_len=max_len,
@@ -35,9 +37,10 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B, n_kv_heads, max_len, head_dim)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B, n_kv_heads, max_len, head_dim)
 
-    def update(self, layer_idx: int, start_pos: int, k: torch.Tensor, v: torch.Tensor):
+    def update(self, layer_idx: int, start_pos, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, n_kv_heads, T, head_dim) at positions [start_pos, start_pos+T) of layer `layer_idx`;
-        return the keys and values of positions [0, start_pos+T), each (B, n_kv_heads, start_pos+T, head_dim)."""
+        return the keys and values of positions [0, start_pos+T), each (B, n_kv_heads, start_pos+T, head_dim).
+        `start_pos`: an int or a 0-dim long tensor."""
         expected = (self.batch_size, self.n_kv_heads, k.shape[2] if k.dim() == 4 else -1, self.head_dim)
         if k.shape != expected or v.shape != expected:
             raise ValueError(f"KVCache.update: k {tuple(k.shape)} and v {tuple(v.shape)} must both be "
@@ -45,13 +48,14 @@ class KVCache:
         if not 0 <= layer_idx < self.n_layers:
             raise ValueError(f"KVCache.update: layer_idx {layer_idx} is outside [0, {self.n_layers})")
         T = k.shape[2]
-        end = start_pos + T
-        if start_pos < 0 or end > self.max_len:
+        start = int(start_pos)  # an int, or generate's 0-dim position tensor: the views' length needs its value
+        end = start + T
+        if start < 0 or end > self.max_len:
             raise KVCacheFullError(f"KVCache holds {self.max_len} positions; writing {T} token(s) at start_pos "
-                                   f"{start_pos} needs positions up to {end}. Allocate a larger cache "
+                                   f"{start} needs positions up to {end}. Allocate a larger cache "
                                    f"(model.new_kv_cache(batch_size, max_len)) or generate fewer tokens.")
-        self.k[layer_idx, :, :, start_pos:end] = k  # in place: no new memory per step
-        self.v[layer_idx, :, :, start_pos:end] = v
+        self.k[layer_idx, :, :, start:end] = k  # in place: no new memory per step
+        self.v[layer_idx, :, :, start:end] = v
         return self.k[layer_idx, :, :, :end], self.v[layer_idx, :, :, :end]  # views, (B, n_kv_heads, end, head_dim)
 
     @property

@@ -254,7 +254,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, cos, sin)
         if kv_cache is not None:  # store the new keys/values, attend over everything cached so far
             k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, start_pos + T, d)
-        if mask is None and isinstance(start_pos, torch.Tensor):  # lesson 12's static cache: k, v are all its slots
+        if mask is None and getattr(kv_cache, "returns_every_slot", False):  # lesson 12's static cache: all its slots
             mask = causal_mask(T, k.shape[2], device=x.device, start_pos=start_pos)  # (T, S): query t sees [0, start_pos + t]
         y = causal_attention(q, k, v, mask)  # (B, n_head, T, d)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, n_head * d)

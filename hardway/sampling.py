@@ -3,6 +3,8 @@
 """From logits to the next token: logits processors (repetition penalty, temperature, top-k, top-p) and sampling."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from hardway.errors import check_int, check_number  # lesson 03: one rule for every number we are given
@@ -127,3 +129,33 @@ def sample_next_token(scores: torch.Tensor, do_sample: bool = False, generator: 
         return scores.argmax(dim=-1)  # (B,)
     probs = scores.softmax(dim=-1)  # (B, V); -inf scores get probability 0
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)  # (B,)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is picked from the logits: transformers' generate settings, in one checked object.
+
+    The default is greedy decoding. `processors()` builds the chain (build_processors); `do_sample` decides between
+    the argmax and a draw (sample_next_token). Every value is checked when the object is made."""
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+
+    def __post_init__(self):
+        self.processors()  # each processor checks its value: a bad one is a ValueError now
+
+    def processors(self) -> LogitsProcessorList:
+        """The chain for these settings, in transformers' order (empty for plain greedy decoding)."""
+        return build_processors(self.do_sample, self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+
+    @classmethod
+    def from_temperature(cls, temperature: float, top_k: int | None = None, top_p: float | None = None,
+                         repetition_penalty: float | None = None) -> "SamplingConfig":
+        """OpenAI's convention (servers, our command line): temperature 0 is greedy, anything else samples."""
+        do_sample = temperature != 0
+        return cls(do_sample, temperature if do_sample else 1.0, top_k, top_p, repetition_penalty)
+
+
+GREEDY = SamplingConfig()  # the default everywhere: the argmax, no processor

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hardway.loading import CausalLM
-from hardway.sampling import build_processors, sample_next_token
+from hardway.sampling import SamplingConfig, build_processors, sample_next_token  # lesson 07
 from hardway.streaming import Detokenizer  # lesson 11
 
 
@@ -138,13 +138,19 @@ class PagedKVCache:
 
 @dataclass
 class SamplingParams:
-    """What a request asks for; the server checks the values before they get here."""
+    """What a request asks for, in the OpenAI API's terms; the server checks the values before they get here. How
+    the next token is picked is lesson 07's SamplingConfig, which `sampling` builds from these fields."""
     max_tokens: int = 16
     temperature: float = 1.0       # 0 = greedy
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first one
     stop_token_ids: list[int] | None = None        # None = the model's EOS ids
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """This request's settings as generate() takes them (temperature 0 is greedy, as in the API)."""
+        return SamplingConfig.from_temperature(self.temperature, top_p=self.top_p)
 
 
 _seq_ids = itertools.count()  # in order of arrival: a smaller id arrived earlier

@@ -24,7 +24,7 @@ from transformers.utils import logging as transformers_logging
 from hardway.generation import generate  # lesson 08
 from hardway.gpt2 import causal_mask  # lesson 04
 from hardway.hub import checkpoint, dataset_file, repo_root, shakespeare_path  # lesson 01
-from hardway.loading import CausalLM, forward_once, load  # lesson 06
+from hardway.loading import CausalLM, forward_once, load, resolve  # lesson 06
 from hardway.tokenizer import load_tokenizer  # lesson 10
 
 DEFAULT_PROMPT = "The three most important numbers in inference engineering are"
@@ -78,9 +78,11 @@ def load_reference(folder, device="cpu", dtype=torch.float32):
 
 
 @torch.inference_mode()
-def check_greedy(ours: CausalLM, theirs, input_ids, max_new_tokens: int = 50) -> tuple[Check, torch.Tensor, torch.Tensor]:
-    """Greedy continuation from both; passes when the token ids are identical (length included)."""
-    a = generate(ours, input_ids, max_new_tokens=max_new_tokens, do_sample=False)  # (B, T + n)
+def check_greedy(ours: CausalLM, theirs, input_ids, max_new_tokens: int = 50,
+                 decoder=None) -> tuple[Check, torch.Tensor, torch.Tensor]:
+    """Greedy continuation from both; passes when the token ids are identical (length included). `decoder`: the
+    decode steps ours runs (default lesson 08's eager ones; lesson 12's compiled StaticDecodeStep)."""
+    a = generate(ours, input_ids, max_new_tokens=max_new_tokens, decoder=decoder)  # (B, T + n), greedy
     b = theirs.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)  # (B, T + m)
     T = input_ids.shape[1]
     same = a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
@@ -91,7 +93,8 @@ def check_greedy(ours: CausalLM, theirs, input_ids, max_new_tokens: int = 50) ->
         diff = (a[:, :n].cpu() != b[:, :n].cpu()).any(dim=0).nonzero()
         first = int(diff[0]) - T if len(diff) else n - T
         measured = f"first difference at new token {first} (lengths {a.shape[1] - T} vs {b.shape[1] - T})"
-    return Check("greedy tokens", same, measured, f"{max_new_tokens} tokens identical"), a, b
+    name = "greedy tokens" if decoder is None else f"greedy tokens ({type(decoder).__name__})"
+    return Check(name, same, measured, f"{max_new_tokens} tokens identical"), a, b
 
 
 @torch.inference_mode()
@@ -330,11 +333,11 @@ def diagnosis(diffs: HiddenStateDiffs, tol: float, layer0: dict[str, float]) -> 
 
 def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, new_tokens=50,
                max_eval_tokens=None, window=None, stride=None, out_dir=None, text_file=None,
-               report: Callable[[list[Check]], None] | None = None) -> list[Check]:
+               report: Callable[[list[Check]], None] | None = None, compile: bool = False) -> list[Check]:
     """Run the three checks and the diagnostics on `model` (hub id or folder); perplexity on `text_file` (a local
     UTF-8 file) when given, else on eval_text()'s corpus. Plots go to `out_dir` (default: artifacts/verify/ in the
     repository), which is checked first; `report(checks)` is called once the checks are done, before any plot
-    is written."""
+    is written. `compile`: the greedy check decodes with lesson 12's compiled StaticDecodeStep (the fast path)."""
     out = Path(out_dir) if out_dir is not None else repo_root() / "artifacts" / "verify"
     try:  # can we write there? Find out now, not after minutes of work
         out.mkdir(parents=True, exist_ok=True)
@@ -350,8 +353,11 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
     reference = None if dtype == torch.float32 else reference_logits(folder, input_ids, device)  # before the pair
     ours = load(folder, device=device, dtype=dtype)
     theirs = load_reference(folder, device=device, dtype=dtype)
+    decoder = None  # lesson 12's compiled step (it compiles on its first call, inside the greedy check)
+    if compile:
+        decoder = resolve("hardway.fast_decode:StaticDecodeStep")(ours, max_len=input_ids.shape[1] + new_tokens)
     with comparison_attention():  # one SDPA backend for both sides, for every check
-        checks = [check_greedy(ours, theirs, input_ids, new_tokens)[0],
+        checks = [check_greedy(ours, theirs, input_ids, new_tokens, decoder)[0],
                   check_logits(ours, theirs, input_ids, dtype, reference)[0]]
         on_gpu = torch.device(device).type == "cuda"
         if max_eval_tokens is None:

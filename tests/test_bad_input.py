@@ -23,6 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from hardway.errors import CheckpointError, ConfigError
 from hardway.generation import generate
+from hardway.sampling import SamplingConfig
 from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
@@ -182,12 +183,20 @@ def test_a_generator_on_another_device_is_named(gpt2):
     generator = (torch.Generator(device="cuda") if torch.cuda.is_available()
                  else SimpleNamespace(device=torch.device("cuda", 0)))
     with pytest.raises(ValueError, match=r"the generator is on cuda:0, the token ids on cpu"):
-        generate(gpt2, torch.tensor([[464, 3797]]), max_new_tokens=2, do_sample=True, generator=generator)
+        generate(gpt2, torch.tensor([[464, 3797]]), max_new_tokens=2, sampling=SamplingConfig(do_sample=True),
+                 generator=generator)
 
 
 # --- finding 8: integers are integers (bools out, numpy in), numbers are finite ----------------------------------
 
 IDS = torch.tensor([[464, 3797, 3332]])
+SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+
+
+def generate_with(model, ids, **kwargs):
+    """generate, with the sampling settings among `kwargs` grouped into the SamplingConfig it takes."""
+    sampling = SamplingConfig(**{k: kwargs.pop(k) for k in SAMPLING_FIELDS if k in kwargs})
+    return generate(model, ids, sampling=sampling, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -206,14 +215,15 @@ IDS = torch.tensor([[464, 3797, 3332]])
 ])
 def test_a_bad_sampling_argument_is_a_value_error(gpt2, kwargs, words):
     with pytest.raises(ValueError, match=words):
-        generate(gpt2, IDS, **({"max_new_tokens": 3} | kwargs))
+        generate_with(gpt2, IDS, **({"max_new_tokens": 3} | kwargs))
 
 
 def test_numpy_numbers_are_taken_like_python_ones(gpt2):
     g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-    plain = generate(gpt2, IDS, max_new_tokens=3, do_sample=True, top_k=5, top_p=0.9, temperature=0.7, generator=g())
-    numpy = generate(gpt2, IDS, max_new_tokens=np.int64(3), do_sample=True, top_k=np.int32(5), top_p=np.float32(0.9),
-                     temperature=np.float64(0.7), generator=g())
+    plain = generate_with(gpt2, IDS, max_new_tokens=3, do_sample=True, top_k=5, top_p=0.9, temperature=0.7,
+                          generator=g())
+    numpy = generate_with(gpt2, IDS, max_new_tokens=np.int64(3), do_sample=True, top_k=np.int32(5),
+                          top_p=np.float32(0.9), temperature=np.float64(0.7), generator=g())
     assert torch.equal(plain, numpy)
     assert generate(gpt2, IDS, max_new_tokens=np.int64(2), eos_token_id=np.int64(7)).shape == (1, 5)
 

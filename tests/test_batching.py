@@ -74,8 +74,8 @@ def test_batched_sampling_equals_transformers(tmp_path):
     model = hardway.load(folder)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     torch.manual_seed(7)
-    ours = hardway.generate(model, input_ids, 8, attention_mask=attention_mask, do_sample=True, temperature=0.8,
-                            top_k=20, eos_token_id=None)
+    ours = hardway.generate(model, input_ids, 8, hardway.SamplingConfig(do_sample=True, temperature=0.8, top_k=20),
+                            attention_mask=attention_mask, eos_token_id=None)
     torch.manual_seed(7)
     with torch.inference_mode():
         theirs = reference.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=True,

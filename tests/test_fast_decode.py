@@ -24,7 +24,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from hardway.fast_decode import (HUGE_PAGE, StaticDecodeStep, StaticKVCache, decode_layout, empty_on_huge_pages,
                                  measure_bandwidth, measure_read_bandwidth, roofline_tokens_per_s,
                                  teacher_forced_agreement)
-from hardway.generation import generate
+from hardway.generation import Decoder, decode_one_token, generate, prefill
 from hardway.kv_cache import KVCache, KVCacheFullError
 from hardway.loading import load
 from hardway.memory import weight_bytes
@@ -160,28 +160,45 @@ def test_fast_generate_equals_naive_loop_and_transformers(tiny_models, name):
     assert torch.equal(fast, naive) and torch.equal(fast, theirs)
 
 
-def test_generate_prefills_once_with_last_only_and_reuses_a_given_cache(tiny_models):
+def test_generate_prefills_once_then_decodes_one_token_at_a_position_tensor(tiny_models):
+    """The one decode path: prefill (the whole prompt, last_only, at position tensor 0), then decode_one_token once
+    per new token at a 0-dim position tensor; a given decoder's cache is used, none other allocated."""
     folder, _ = tiny_models["llama"]
     model = load(folder)
-    calls = []
+    calls, allocations = [], []
 
     class Spy(torch.nn.Module):  # the model interface, recording how generate calls it
         max_seq_len, eos_token_ids = model.max_seq_len, []
 
         def forward(self, input_ids, kv_cache=None, start_pos=0, last_only=False):
-            calls.append((input_ids.shape[1], start_pos, last_only))
+            assert isinstance(start_pos, torch.Tensor) and start_pos.dim() == 0, f"start_pos {start_pos!r}"
+            calls.append((input_ids.shape[1], int(start_pos), last_only))
             return model(input_ids, kv_cache=kv_cache, start_pos=start_pos, last_only=last_only)
 
         def new_kv_cache(self, batch_size, max_len):
-            raise AssertionError("a kv_cache was given: generate must not allocate another")
+            allocations.append((batch_size, max_len))
+            return model.new_kv_cache(batch_size, max_len)
 
-    ids = prompt(100, T=6)
-    cache = model.new_kv_cache(1, 20)
-    out = generate(Spy(), ids, 5, eos_token_id=None, kv_cache=cache)
+    spy, ids = Spy(), prompt(100, T=6)
+    decoder = Decoder(spy, batch_size=1, max_len=20)
+    out = generate(spy, ids, 5, eos_token_id=None, decoder=decoder)
     assert calls == [(6, 0, True)] + [(1, 6 + i, False) for i in range(4)]  # one prefill, then one token per step
+    assert allocations == [(1, 20)]  # the decoder's, once: generate allocated nothing
     assert torch.equal(out, generate(model, ids, 5, eos_token_id=None))
-    with pytest.raises(ValueError, match="kv_cache holds batch 1 x 20"):
-        generate(model, ids, 15, kv_cache=cache)  # 6 + 15 > 20
+    with pytest.raises(ValueError, match="the decoder's cache holds batch 1 x 20"):
+        generate(model, ids, 15, decoder=decoder)  # 6 + 15 > 20
+
+
+def test_prefill_and_decode_one_token_are_the_full_forward(tiny_models):
+    """Lesson 08's two pieces by hand, at position tensors: each step's logits equal the uncached forward's row."""
+    model = load(tiny_models["gpt2"][0])
+    ids = prompt(100, T=9, seed=6)
+    with torch.inference_mode():
+        full = model(ids)  # (1, 9, V)
+        cache = model.new_kv_cache(1, 9)
+        logits = [prefill(model, ids[:, :5], cache)[:, -1]]
+        logits += [decode_one_token(model, ids[:, p:p + 1], torch.tensor(p), cache)[:, -1] for p in range(5, 9)]
+    assert (torch.stack(logits, 1) - full[:, 4:]).abs().max() < 1e-5
 
 
 def counted_step(model, max_len, backend="aot_eager"):
@@ -236,7 +253,13 @@ def test_the_growing_cache_gives_a_new_signature_at_every_position(tiny_models):
     model = load(tiny_models["llama"][0])
     ids = prompt(100, T=5)
     compiled = torch.compile(model, backend=recorder, fullgraph=True, dynamic=True)
-    out = generate(model, ids, 10, eos_token_id=None, decode_step=compiled, kv_cache=model.new_kv_cache(1, 15))
+    cache = model.new_kv_cache(1, 15)
+    with torch.inference_mode():  # greedy by hand, the position a Python int: the view's length is the int
+        logits, out = model(ids, kv_cache=cache, start_pos=0, last_only=True), ids
+        for pos in range(5, 15):
+            out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)  # (1, pos + 1)
+            if pos < 14:
+                logits = compiled(out[:, -1:], kv_cache=cache, start_pos=pos)  # (1, 1, V)
     assert torch.equal(out, generate(model, ids, 10, eos_token_id=None))
     assert len(signatures) == 9  # one per one-token step
 
@@ -248,11 +271,18 @@ def test_static_kv_cache_writes_at_a_position_tensor_and_returns_every_slot():
     assert k_all.shape == v_all.shape == (1, 2, 6, 3)  # all max_len slots, whatever the position
     assert torch.equal(k_all[:, :, 3:5], k) and torch.equal(v_all[:, :, 3:5], v)
     assert not k_all[:, :, :3].any() and not k_all[:, :, 5:].any() and not cache.k[0].any()
-    k_seen, _ = cache.update(0, 2, k, v)  # an int position: lesson 08's update, a view of the slots written so far
-    assert k_seen.shape == (1, 2, 4, 3) and torch.equal(k_seen[:, :, 2:], k)
-    assert k_seen.data_ptr() == cache.k[0].data_ptr() and torch.equal(cache.k[0][:, :, 2:4], k)  # a view, in place
+    with pytest.raises(ValueError, match="written at a position tensor"):
+        cache.update(0, 2, k, v)  # an int: attention would not mask the empty slots
+
+
+def test_lesson_08_cache_takes_an_int_or_a_position_tensor():
+    cache = KVCache(n_layers=1, batch_size=1, max_len=6, n_kv_heads=2, head_dim=3)
+    k, v = torch.randn(1, 2, 2, 3), torch.randn(1, 2, 2, 3)
+    k_int, _ = cache.update(0, 2, k, v)
+    k_tensor, _ = cache.update(0, torch.tensor(2), k, v)
+    assert k_int.shape == k_tensor.shape == (1, 2, 4, 3) and torch.equal(k_tensor[:, :, 2:], k)
     with pytest.raises(KVCacheFullError, match="holds 6 positions"):
-        cache.update(0, 5, k, v)
+        cache.update(0, torch.tensor(5), k, v)
 
 
 def test_static_kv_cache_keeps_one_tensor_per_layer():
@@ -271,13 +301,15 @@ def test_static_step_rejects_what_it_cannot_run(tiny_models):
     model = load(tiny_models["llama"][0])
     step, _ = counted_step(model, max_len=8, backend="eager")
     with pytest.raises(ValueError, match="one token per row"):
-        step(prompt(100, T=2), step.kv_cache, 0)
-    with pytest.raises(ValueError, match="its own kv_cache"):
-        step(prompt(100, T=1), model.new_kv_cache(1, 8), 0)
+        step(prompt(100, T=2), torch.tensor(0))
     with pytest.raises(ValueError, match="outside the static cache's 8 slots"):
-        step(prompt(100, T=1), step.kv_cache, 8)
-    with pytest.raises(ValueError, match="kv_cache holds batch 1 x 8"):
+        step(prompt(100, T=1), torch.tensor(8))
+    with pytest.raises(ValueError, match="takes no attention_mask"):
+        step(prompt(100, T=1), torch.tensor(3), torch.ones(1, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="the decoder's cache holds batch 1 x 8"):
         step.generate(prompt(100, T=5), 4)
+    with pytest.raises(ValueError, match="StaticDecodeStep takes no attention_mask"):  # before any forward pass
+        step.generate(prompt(100, T=3), 2, attention_mask=torch.tensor([[0, 1, 1]]))
 
 
 def test_teacher_forced_agreement_in_fp32_is_total(tiny_models):

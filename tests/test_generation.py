@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from hardway.generation import generate
 from hardway.kv_cache import KVCache, KVCacheFullError
+from hardway.sampling import GREEDY, SamplingConfig
 
 GPT2 = "openai-community/gpt2"
 PROMPT = [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 780]  # "The quick brown fox jumps over the lazy dog because"
@@ -72,21 +73,23 @@ def test_naive_equals_cached_greedy_and_sampled(ours, greedy50):
     naive = generate(ours, ids, max_new_tokens=20, eos_token_id=None, use_cache=False)
     assert torch.equal(naive, greedy50[:, :30])
     assert torch.equal(generate(ours, ids, max_new_tokens=20, eos_token_id=None), naive)
-    settings = dict(do_sample=True, temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.2, eos_token_id=None)
-    sampled_cached = generate(ours, ids, 8, generator=torch.Generator().manual_seed(5), **settings)
-    sampled_naive = generate(ours, ids, 8, generator=torch.Generator().manual_seed(5), use_cache=False, **settings)
+    sampling = SamplingConfig(do_sample=True, temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.2)
+    sampled_cached = generate(ours, ids, 8, sampling, generator=torch.Generator().manual_seed(5), eos_token_id=None)
+    sampled_naive = generate(ours, ids, 8, sampling, generator=torch.Generator().manual_seed(5), use_cache=False,
+                             eos_token_id=None)
     assert torch.equal(sampled_cached, sampled_naive)
 
 
 def test_seeded_sampling_is_reproducible_and_equals_transformers_with_the_same_global_seed(ours, reference):
     ids = prompt()
     settings = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.3)
-    a = generate(ours, ids, 10, generator=torch.Generator().manual_seed(1), **settings)
-    b = generate(ours, ids, 10, generator=torch.Generator().manual_seed(1), **settings)
-    c = generate(ours, ids, 10, generator=torch.Generator().manual_seed(2), **settings)
+    sampling = SamplingConfig(**settings)
+    a = generate(ours, ids, 10, sampling, generator=torch.Generator().manual_seed(1))
+    b = generate(ours, ids, 10, sampling, generator=torch.Generator().manual_seed(1))
+    c = generate(ours, ids, 10, sampling, generator=torch.Generator().manual_seed(2))
     assert torch.equal(a, b) and not torch.equal(a, c)
     torch.manual_seed(1234)
-    ours_global = generate(ours, ids, 10, **settings)  # generator=None: torch's global RNG, as transformers
+    ours_global = generate(ours, ids, 10, sampling)  # generator=None: torch's global RNG, as transformers
     torch.manual_seed(1234)
     theirs = hf_generate(reference, ids, max_new_tokens=10, **settings)
     assert torch.equal(ours_global, theirs)
@@ -94,7 +97,7 @@ def test_seeded_sampling_is_reproducible_and_equals_transformers_with_the_same_g
 
 def test_repetition_penalty_applies_in_greedy_mode_like_transformers(ours, reference, greedy50):
     ids = prompt()
-    a = generate(ours, ids, 12, repetition_penalty=1.5, eos_token_id=None)
+    a = generate(ours, ids, 12, SamplingConfig(repetition_penalty=1.5), eos_token_id=None)
     b = hf_generate(reference, ids, max_new_tokens=12, do_sample=False, repetition_penalty=1.5, eos_token_id=None)
     assert torch.equal(a, b)
     assert not torch.equal(a, greedy50[:, :22]), "the penalty changed nothing: the test would be vacuous"
@@ -170,13 +173,33 @@ def test_prompt_plus_new_tokens_beyond_context_raises_before_any_work(ours):
     dict(input_ids=torch.zeros(1, 0, dtype=torch.long)),
     dict(max_new_tokens=0),
     dict(max_new_tokens=-3),
-    dict(do_sample=True, temperature=0.0),
-    dict(do_sample=True, top_p=1.5),
+    dict(sampling=dict(do_sample=True)),  # the settings must come as a SamplingConfig
 ])
 def test_bad_arguments_raise_value_error(bad):
     kwargs = dict(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=4) | bad
     with pytest.raises(ValueError):
         generate(TinyLM(), **kwargs)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(do_sample=True, temperature=0.0), "temperature must be a positive number"),
+    (dict(do_sample=True, top_p=1.5), "top_p must be a number in"),
+    (dict(top_k=-1), "top_k"),  # checked even when greedy: a mistake is an error, not ignored
+    (dict(repetition_penalty=0), "repetition_penalty"),
+])
+def test_sampling_config_checks_every_value_when_made(bad, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**bad)
+
+
+def test_sampling_config_from_temperature_zero_is_greedy():
+    assert SamplingConfig.from_temperature(0) == GREEDY and not GREEDY.processors()
+    sampled = SamplingConfig.from_temperature(0.7, top_k=5, top_p=0.9)
+    assert sampled == SamplingConfig(do_sample=True, temperature=0.7, top_k=5, top_p=0.9)
+    assert [type(p).__name__ for p in sampled.processors()] == ["TemperatureLogitsWarper", "TopKLogitsWarper",
+                                                                "TopPLogitsWarper"]
+    with pytest.raises(ValueError, match="temperature must be a positive number"):
+        SamplingConfig.from_temperature(-1)
 
 
 # --- generation mechanics on a tiny model with the same interface (no checkpoint needed) ---

@@ -13,6 +13,7 @@ from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.kv_cache import KVCache
 from hardway.loading import load
+from hardway.sampling import SamplingConfig
 from hardway.serving import (BlockManager, Engine, ModelRunner, OutputProcessor, PagedKVCache,
                              PoolTooSmallError, SamplingParams, Scheduler, Sequence, apply_stop, slot_of)
 from hardway.streaming import Detokenizer
@@ -97,11 +98,13 @@ def test_engine_seeded_sampling_equals_generate(gpt2):
     """A seeded sampled request draws the same tokens as generate() with a generator seeded the same way."""
     model, tok = gpt2
     ids = tok.encode(PROMPTS[0])
+    params = SamplingParams(max_tokens=5, temperature=0.8, top_p=0.9, seed=7)
+    assert params.sampling == SamplingConfig(do_sample=True, temperature=0.8, top_p=0.9)  # lesson 07's settings
     g = torch.Generator().manual_seed(7)
-    out = generate(model, torch.tensor([ids]), max_new_tokens=5, do_sample=True, temperature=0.8, top_p=0.9,
-                   generator=g)[0, len(ids):].tolist()
+    out = generate(model, torch.tensor([ids]), max_new_tokens=5, sampling=params.sampling, generator=g)
+    out = out[0, len(ids):].tolist()
     engine = Engine(model, tok, n_blocks=16, block_size=4)
-    [seq] = engine.generate([ids], SamplingParams(max_tokens=5, temperature=0.8, top_p=0.9, seed=7))
+    [seq] = engine.generate([ids], params)
     assert seq.output_ids == out[:len(seq.output_ids)] and len(seq.output_ids) >= 1
 
 

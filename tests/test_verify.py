@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import hardway.fast_decode as fast_decode
 import hardway.llama as llama_module
 from hardway import cli
 from hardway.llama import apply_rope_interleaved  # lesson 09's true interleaved RoPE, one of lesson 11's five bugs
@@ -236,6 +237,53 @@ def test_generate_streams_the_greedy_text(pair, capsys):
     streamed = captured.out  # the generated text alone; the echoed prompt goes to stderr
     assert streamed == tok.decode(expected[0, len(tok.encode(prompt)):].tolist()) + "\n"
     assert prompt in captured.err
+
+
+def eager_compiled_steps(monkeypatch) -> list:
+    """Make lesson 12's StaticDecodeStep, as the command line resolves it, run dynamo's graph as captured (backend
+    "eager": the plumbing under test, not inductor, which tests/test_fast_decode.py checks); returns the steps made."""
+    made = []
+
+    class EagerBackendStep(fast_decode.StaticDecodeStep):
+        def __init__(self, model, max_len, **kwargs):
+            super().__init__(model, max_len, backend="eager", **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(fast_decode, "StaticDecodeStep", EagerBackendStep)
+    return made
+
+
+def test_generate_compile_streams_the_same_text_through_the_compiled_step(pair, capsys, monkeypatch):
+    ours, _, tok = pair
+    prompt = "The capital of France is"
+    argv = ["generate", "--model", str(checkpoint(SMOLLM2)), "--device", "cpu", "--max-new-tokens", "12", prompt]
+    assert cli.main(argv) == 0
+    eager_text = capsys.readouterr().out
+    made = eager_compiled_steps(monkeypatch)
+    torch._dynamo.reset()
+    assert cli.main(argv + ["--compile"]) == 0
+    assert capsys.readouterr().out == eager_text
+    assert len(made) == 1 and made[0].kv_cache.max_len == len(tok.encode(prompt)) + 12
+
+
+def test_check_greedy_with_the_compiled_step_passes_and_says_so(pair, monkeypatch):
+    ours, theirs, tok = pair
+    ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
+    eager_compiled_steps(monkeypatch)
+    torch._dynamo.reset()
+    step = fast_decode.StaticDecodeStep(ours, max_len=ids.shape[1] + 10)
+    check, a, b = check_greedy(ours, theirs, ids, 10, decoder=step)
+    assert check.passed and check.name == "greedy tokens (EagerBackendStep)", check
+    assert torch.equal(a, generate(ours, ids, 10))
+
+
+def test_verify_compile_reaches_the_ritual(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr("hardway.verify.run_ritual", lambda *a, **k: seen.update(k) or [Check("x", True, "", "")])
+    assert cli.main(["verify", "--model", "whatever", "--device", "cpu", "--compile"]) == 0
+    assert seen["compile"] is True
+    assert cli.main(["verify", "--model", "whatever", "--device", "cpu"]) == 0
+    assert seen["compile"] is False
 
 
 def test_bad_model_argument_is_one_clear_line(capsys):
