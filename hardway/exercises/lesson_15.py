@@ -20,7 +20,7 @@ N_NEW = 6
 
 def _alone(model, ids: list[int], n: int) -> list[int]:
     """generate() on one prompt by itself: n tokens, past any end-of-sequence token."""
-    return generate(model, torch.tensor([ids]), max_new_tokens=n)[0, len(ids):].tolist()
+    return generate(model, torch.tensor([ids]), max_new_tokens=n, eos_token_id=None)[0, len(ids):].tolist()
 
 
 def _run(blocks: PrefixCachingBlockManager, model, tokenizer) -> str:
