@@ -114,9 +114,12 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
+    engine_class = resolve("hardway.serving:Engine" if args.no_prefix_cache  # lesson 14's, or lesson 15's
+                           else "hardway.prefix_cache:PrefixCachingEngine")
     resolve("hardway.server:serve")(args.model, host=args.host, port=args.port, max_batch=args.max_batch,  # lesson 14
                                     n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype,
-                                    grace_s=args.grace, max_step_tokens=args.max_step_tokens)
+                                    grace_s=args.grace, max_step_tokens=args.max_step_tokens,
+                                    engine_class=engine_class)
     return 0
 
 
@@ -161,6 +164,9 @@ def main(argv=None) -> int:
     s.add_argument("--block-size", type=int, default=16, help="positions per block")
     s.add_argument("--max-step-tokens", type=int, default=512,
                    help="tokens one engine step computes at most; a longer prompt is prefilled in chunks (default 512)")
+    s.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt from its first token (lesson 14's engine); by default full blocks of "
+                        "earlier prompts are shared (lesson 15)")
     s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
     args = parser.parse_args(argv)

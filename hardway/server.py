@@ -123,10 +123,13 @@ class EngineThread:
         self.inbox.put(("abort", request))
 
     def stats(self) -> dict:
-        e = self.engine
+        e, s = self.engine, self.engine.scheduler
+        hits, misses = s.n_shared_tokens, s.n_admitted_tokens - s.n_shared_tokens  # prompt tokens, at admission
         return {"total_blocks": e.blocks.n_blocks, "free_blocks": e.blocks.n_free, "block_size": e.blocks.block_size,
                 "running": len(e.running), "waiting": len(e.waiting), "preemptions": e.n_preemptions,
-                "aborted": e.n_aborted}
+                "aborted": e.n_aborted, "prefix_cache": e.blocks.caches_prefixes,  # lesson 15
+                "prefix_cache_hit_tokens": hits, "prefix_cache_miss_tokens": misses,
+                "prefix_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0}
 
     def health(self) -> dict:
         """The engine thread's state, not just the HTTP loop's: "ok", "shutting down" or "engine stopped"."""
@@ -561,10 +564,11 @@ async def wait_while(condition, seconds: float) -> None:
 
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
-          grace_s: float = 5.0, max_step_tokens: int = 512) -> None:
+          grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine) -> None:
     """Load a model and serve it until SIGINT/SIGTERM: then running requests get `grace_s` seconds to finish, and
     those still open are ended with an error (see _Server); a second signal ends sooner. `max_step_tokens`: the
-    tokens one engine step computes at most (a longer prompt is prefilled in chunks)."""
+    tokens one engine step computes at most (a longer prompt is prefilled in chunks). `engine_class`: Engine, or a
+    subclass with the same arguments (`hardway serve` runs lesson 15's PrefixCachingEngine)."""
     import torch
 
     from hardway.hub import checkpoint
@@ -586,8 +590,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
         chat = None  # a base model: /v1/completions only
     if n_blocks is None:  # room for max_batch sequences of 512 positions (or the context, if shorter)
         n_blocks = max_batch * -(-min(model.max_seq_len, 512) // block_size)
-    engine = Engine(model, tokenizer, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch,
-                    max_step_tokens=max_step_tokens)
+    engine = engine_class(model, tokenizer, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch,
+                          max_step_tokens=max_step_tokens)
     app = create_app(engine, model_id, chat)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _Server(config, app.state.worker, grace_s).run()

@@ -70,6 +70,18 @@ class BlockManager:
         self.free_blocks.extend(block_table)
         block_table.clear()
 
+    # Two hooks the scheduler calls, for lesson 15's prefix cache; this block manager forgets a block once released.
+    caches_prefixes = False
+
+    def share_prefix(self, seq: Sequence) -> int:
+        """Called as seq is admitted, its block table empty: put in it the blocks that already hold the keys and
+        values of a prefix of seq.tokens, and return how many positions they hold. Here: none."""
+        return 0
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Called once seq's first seq.n_cached positions hold keys and values, and before its blocks are released:
+        a prefix cache remembers its full blocks here. Nothing to remember in this one."""
+
 
 def slot_of(block_table: list[int], position: int, block_size: int) -> int:
     """Where position `position` of a sequence lives in the pool, counted in positions: block * block_size + offset."""
@@ -214,6 +226,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # first come, first served; preempted ones go back to the front
         self.running: list[Sequence] = []        # in order of arrival (Sequence.id): the last is the latest
         self.n_preemptions = 0
+        self.n_admitted_tokens = 0  # tokens of every sequence admitted (again, after a preemption)
+        self.n_shared_tokens = 0    # of those, the ones found in the pool at admission: not computed (lesson 15)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -225,6 +239,8 @@ class Scheduler:
         """What to compute in this step: running sequences first, then admissions if nothing was preempted."""
         batch = ScheduledBatch()
         budget = self.max_step_tokens
+        for seq in self.running:
+            self.blocks.cache_blocks(seq)  # what the last step computed
         for seq in list(self.running):
             if seq not in self.running:  # preempted while making room for an older one
                 continue
@@ -237,10 +253,14 @@ class Scheduler:
         if not batch.preempted:  # the pool is not short: let waiting sequences in, in order of arrival
             while self.waiting and len(self.running) < self.max_batch and budget > 0:
                 seq = self.waiting[0]
+                seq.n_cached = self.blocks.share_prefix(seq)  # 0, unless a prefix cache holds its first blocks
                 n = self.tokens_this_step(seq, budget)
                 if not self.blocks.grow(seq.block_table, seq.n_cached + n):
+                    self._free(seq)  # the blocks it shared, back
                     break  # no room now: it stays first in line, and nobody passes it
                 self.admit_first()
+                self.n_admitted_tokens += len(seq.tokens)
+                self.n_shared_tokens += seq.n_cached
                 batch.add(seq, n)
                 batch.admitted.append(seq)
                 budget -= n
@@ -285,6 +305,7 @@ class Scheduler:
         return queued
 
     def _free(self, seq: Sequence) -> None:
+        self.blocks.cache_blocks(seq)
         self.blocks.release(seq.block_table)  # free at once: the next step can use them
         seq.n_cached = seq.n_mapped = 0  # its slot mapping pointed into those blocks
 
