@@ -270,14 +270,17 @@ def test_onednn_linear_computes_batches_with_onednn_and_leaves_one_row_to_torch(
     x = torch.randn(5, 3, 64)  # (B, T, in)
     with torch.inference_mode():
         ref, ref_one = layer(x), layer(x[:1, -1:])
-        with OneDNNLinear():
-            got, one = layer(x), layer(x[:1, -1:])
+        got, one = OneDNNLinear(layer)(x), OneDNNLinear(layer)(x[:1, -1:])
         onednn = torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
-    assert torch.equal(got, onednn), "a batch inside the mode is not oneDNN's"
-    assert torch.equal(one, ref_one), "one row inside the mode is not torch's own linear, bit for bit"
+    assert torch.equal(got, onednn), "a batch is not computed by oneDNN"
+    assert torch.equal(one, ref_one), "one row is not torch's own linear, bit for bit"
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max(), "oneDNN's batch differs by more than fp32 rounding"
-    engine = Engine(*gpt2, n_blocks=8, block_size=8)
-    assert engine.runner.linear_mode is OneDNNLinear  # fp32 on the CPU: the engine uses it
+    model = gpt2[0]
+    runner = ModelRunner(model, n_blocks=8, block_size=8)  # fp32 on the CPU: the twin with oneDNN linears
+    assert runner.model is not model and not any(isinstance(m, OneDNNLinear) for m in model.modules())
+    assert all(type(m) is not torch.nn.Linear for m in runner.model.modules())
+    twin = dict(runner.model.named_parameters())
+    assert all(twin[name] is p for name, p in model.named_parameters()), "the twin copied a parameter"
 
 
 @pytest.fixture(scope="module")
