@@ -8,10 +8,11 @@ token budget: a large one turns chunked prefill off). --baseline also times `har
 the same kind in this process, once in every round while the server is idle, for the one-client ratio. The load is
 the same whatever the server: at each level, c clients each stream one greedy completion of --max-tokens tokens at
 the same moment, every prompt distinct (from each other and from every earlier round, so a prefix cache cannot
-help). Levels run interleaved, --reps rounds. It reports, per level, the aggregate completion throughput (completion tokens of all clients over the wall
-time, prefills included), the time to first token (TTFT) p50 and the inter-token latency (ITL) p50. Then the
-long-prompt test: one stream is running when a 1,500-token prompt arrives; its worst gap between two tokens while
-the long prompt is admitted. --json appends the figures to a file, one JSON object per run.
+help). Levels run interleaved, --reps rounds. It reports, per level, the aggregate completion throughput
+(completion tokens of all clients over the wall time, prefills included), the time to first token (TTFT) p50 and
+the inter-token latency (ITL) p50. Then the long-prompt test: one stream is running when a 1,500-token prompt
+arrives; its worst gap between two tokens while the long prompt is admitted. --json appends the figures to a file,
+one JSON object per run.
 """
 
 from __future__ import annotations
