@@ -322,7 +322,7 @@ class OneDNNLinear(nn.Module):
     def forward(self, x):  # (..., in) -> (..., out)
         if x.numel() == x.shape[-1]:  # one row
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")  # inductor's CPU op
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")  # no activation fused
 
 
 def with_onednn_linears(model: nn.Module) -> nn.Module:
