@@ -4,14 +4,15 @@
     uv run python benchmarks/serve.py --url http://127.0.0.1:8101/v1 --model NAME --label vllm  # a running server
 
 Without --url it starts `hardway serve` itself on a free port of 127.0.0.1 (--max-step-tokens is its per-step
-token budget: a large one turns chunked prefill off) and, with --baseline, also measures `hardway.generate` alone
-on the same prompts in this process, for the one-client ratio. The load is the same whatever the server: at each
-level, c clients each stream one greedy completion of --max-tokens tokens at the same moment, every prompt distinct
-(from each other and from every earlier round, so a prefix cache cannot help). Levels run interleaved, --reps
-rounds. It reports, per level, the aggregate completion throughput (completion tokens of all clients over the wall
-time, prefills included), the time to first token (TTFT) p50 and the inter-token latency (ITL) p50. Then the
-long-prompt test: one stream is running when a 1,500-token prompt arrives; its worst gap between two tokens while
-the long prompt is admitted. --json appends the figures to a file, one JSON object per run.
+token budget: a large one turns chunked prefill off). --baseline also times `hardway.generate` alone on a prompt of
+the same kind in this process, once in every round while the server is idle, for the one-client ratio. The load is
+the same whatever the server: at each level, c clients each stream one greedy completion of --max-tokens tokens at
+the same moment, every prompt distinct (from each other and from every earlier round, so a prefix cache cannot
+help). Levels run interleaved, --reps rounds. It reports, per level, the aggregate completion throughput
+(completion tokens of all clients over the wall time, prefills included), the time to first token (TTFT) p50 and
+the inter-token latency (ITL) p50. Then the long-prompt test: one stream is running when a 1,500-token prompt
+arrives; its worst gap between two tokens while the long prompt is admitted. --json appends the figures to a file,
+one JSON object per run.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def worst_gap_during_long_prompt(client: OpenAI, model: str, prompt: str, max_to
     return max(b - a for a, b in zip(stamps[7:], stamps[8:])), usage["prompt_tokens"]
 
 
-def generate_alone(model_id: str, max_tokens: int, reps: int) -> float:
-    """hardway.generate on one prompt in this process, greedy, median tok/s of `reps` runs."""
+def load_generate_alone(model_id: str):
+    """hardway.generate on one prompt in this process -> a function that times one greedy answer, in tok/s."""
     import torch
 
     from hardway.generation import generate
@@ -140,13 +141,15 @@ def generate_alone(model_id: str, max_tokens: int, reps: int) -> float:
 
     folder = checkpoint(model_id)
     model, tokenizer = load(folder), load_tokenizer(folder)
-    speeds = []
-    for _ in range(reps + 1):
+
+    def tok_s(max_tokens: int) -> float:
         ids = torch.tensor([tokenizer.encode(story_prompt())])  # (1, T)
         start = time.perf_counter()
         out = generate(model, ids, max_new_tokens=max_tokens)
-        speeds.append((out.shape[1] - ids.shape[1]) / (time.perf_counter() - start))
-    return statistics.median(speeds[1:])  # the first run warms up
+        return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
+
+    tok_s(4)  # warm-up
+    return tok_s
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -167,7 +170,9 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=16, help="hardway only")
     p.add_argument("--max-step-tokens", type=int, default=512, help="hardway only: tokens per engine step")
     p.add_argument("--long-prompt", type=int, default=1500, help="tokens of the prompt in the long-prompt test")
-    p.add_argument("--baseline", action="store_true", help="hardway only: also time hardway.generate alone")
+    p.add_argument("--baseline", action="store_true",
+                   help="also time hardway.generate alone (on the checkpoint --model names) in this process, once per "
+                        "round, while the server is idle")
     p.add_argument("--json", type=Path, help="append the results to this file")
     args = p.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -181,6 +186,8 @@ def main() -> None:
     try:
         client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
         run_level(client, args.model, 2, 4)  # warm-up
+        generate_alone = load_generate_alone(args.model) if args.baseline else None
+        baseline = []
         tps = {c: [] for c in levels}
         ttft = {c: [] for c in levels}
         itl = {c: [] for c in levels}
@@ -190,6 +197,8 @@ def main() -> None:
                 t, f, i, n = run_level(client, args.model, c, args.max_tokens)
                 tps[c].append(t); ttft[c] += f; itl[c] += i
                 short += c * args.max_tokens - n
+            if generate_alone is not None:  # in the same round as the levels: the same load on the machine
+                baseline.append(generate_alone(args.max_tokens))
         text = long_prompt(client, args.model, args.long_prompt)
         gaps = [worst_gap_during_long_prompt(client, args.model, f"Attempt {i}: {text}", args.max_tokens)
                 for i in range(2)]  # a prompt of its own each time: a prefix cache must not answer the second
@@ -197,7 +206,7 @@ def main() -> None:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    baseline = generate_alone(args.model, args.max_tokens, args.reps) if args.baseline else None
+    baseline = statistics.median(baseline) if baseline else None
     result = {"label": label, "model": args.model, "max_tokens": args.max_tokens, "reps": args.reps,
               "levels": {c: {"tok_s": statistics.median(tps[c]), "ttft_p50_ms": pct(ttft[c], .5) * 1e3,
                              "itl_p50_ms": pct(itl[c], .5) * 1e3} for c in levels},

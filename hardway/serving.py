@@ -21,12 +21,15 @@ attention mask the runner passes to the model.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from hardway.loading import CausalLM
 from hardway.sampling import SamplingConfig, build_processors, sample_next_token  # lesson 07
@@ -333,6 +336,39 @@ class ScheduledBatch:
         self.n_new.append(n)
 
 
+class OneDNNLinear(nn.Module):
+    """An nn.Linear's weight and bias, computed by oneDNN (the library vLLM's CPU backend runs its linear layers on)
+    instead of the BLAS torch calls by default (MKL on x86) whenever there is more than one row. The same sums in
+    another order: the results differ in fp32 rounding (about 1e-6 relative). One row keeps torch's own kernel, so
+    one sequence alone is computed exactly as generate() computes it."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: nothing copied, ties kept
+
+    def forward(self, x):  # (..., in) -> (..., out)
+        if x.numel() == x.shape[-1]:  # one row
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")  # no activation fused
+
+
+def with_onednn_linears(model: nn.Module) -> nn.Module:
+    """A twin of `model` whose nn.Linear layers are OneDNNLinear, sharing every parameter and buffer (no memory):
+    the engine computes with it, while `model` itself, and generate() on it, stay as they were."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)  # the modules copied, the tensors in `shared` not
+    for module in list(twin.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, OneDNNLinear(child))
+    return twin
+
+
+def onednn_linear_pays(device, dtype) -> bool:
+    """Whether the engine computes with OneDNNLinear: fp32 on a CPU whose torch has oneDNN (measured below)."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
 class ModelRunner:
     """Owns the model and the paged KV cache: one forward pass per step for everything scheduled, and the next
     token of every sequence that reached its end, picked for the whole batch at once.
@@ -340,12 +376,15 @@ class ModelRunner:
     The pass is a (R, T) grid of tokens, T = `row_width`: a decode is one row (its one token right-aligned, the rest
     padding), and a prefill of n tokens is ceil(n / T) rows, each the next T tokens of the same sequence. Inside
     one layer, `update` writes every row's new keys before it gathers any row's keys, so a prompt's later rows see
-    its earlier rows' keys, as one long row would."""
+    its earlier rows' keys, as one long row would. On a CPU in fp32 the pass runs on the model's twin whose linear
+    layers are `OneDNNLinear`."""
 
-    def __init__(self, model: CausalLM, n_blocks: int, block_size: int):
-        self.model = model
+    def __init__(self, model: CausalLM, n_blocks: int, block_size: int, onednn: bool | None = None):
         self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
         self.block_size, self.device = block_size, self.cache.device
+        if onednn is None:
+            onednn = onednn_linear_pays(self.device, self.cache.k.dtype)
+        self.model = with_onednn_linears(model) if onednn else model
 
     def map_slots(self, seq: Sequence, n_positions: int) -> None:
         """Fill in the pool slot of seq's positions up to n_positions, from its block table: only the positions new

@@ -14,7 +14,7 @@ from hardway.hub import checkpoint
 from hardway.kv_cache import KVCache
 from hardway.loading import load
 from hardway.sampling import SamplingConfig
-from hardway.serving import (BlockManager, Engine, ModelRunner, OutputProcessor, PagedKVCache,
+from hardway.serving import (BlockManager, Engine, ModelRunner, OneDNNLinear, OutputProcessor, PagedKVCache,
                              PoolTooSmallError, SamplingParams, Scheduler, Sequence, apply_stop, slot_of)
 from hardway.streaming import Detokenizer
 from hardway.tokenizer import load_tokenizer
@@ -264,6 +264,26 @@ def test_row_width_keeps_decodes_at_one_and_splits_long_prefills():
     assert ModelRunner.row_width([5, 7], 20) == 7  # two short prompts: one row each
     width = ModelRunner.row_width([1] * 15 + [256], 300)  # decodes beside a long chunk: rows of less than 256
     assert 1 < width < 256
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_onednn_linear_computes_batches_with_onednn_and_leaves_one_row_to_torch(gpt2):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(5, 3, 64)  # (B, T, in)
+    with torch.inference_mode():
+        ref, ref_one = layer(x), layer(x[:1, -1:])
+        got, one = OneDNNLinear(layer)(x), OneDNNLinear(layer)(x[:1, -1:])
+        onednn = torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
+    assert torch.equal(got, onednn), "a batch is not computed by oneDNN"
+    assert torch.equal(one, ref_one), "one row is not torch's own linear, bit for bit"
+    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max(), "oneDNN's batch differs by more than fp32 rounding"
+    model = gpt2[0]
+    runner = ModelRunner(model, n_blocks=8, block_size=8)  # fp32 on the CPU: the twin with oneDNN linears
+    assert runner.model is not model and not any(isinstance(m, OneDNNLinear) for m in model.modules())
+    assert all(type(m) is not torch.nn.Linear for m in runner.model.modules())
+    twin = dict(runner.model.named_parameters())
+    assert all(twin[name] is p for name, p in model.named_parameters()), "the twin copied a parameter"
 
 
 @pytest.fixture(scope="module")
