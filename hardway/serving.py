@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hardway.loading import CausalLM
-from hardway.sampling import SamplingConfig, build_processors, sample_next_token  # lesson 07
+from hardway.sampling import SamplingConfig, sample_next_token  # lesson 07
 from hardway.streaming import Detokenizer  # lesson 11
 
 
@@ -437,10 +437,10 @@ class ModelRunner:
         sampled row with its own settings and generator; one transfer to Python at the end."""
         tokens = logits.argmax(dim=-1)  # (B,)
         for i, seq in enumerate(seqs):
-            p = seq.params
-            if p.temperature > 0:
-                processors = build_processors(True, p.temperature, None, p.top_p)
-                scores = processors(torch.tensor([seq.tokens], device=self.device), logits[i:i + 1].float())  # (1, V)
+            sampling = seq.params.sampling  # lesson 07's settings for this request
+            if sampling.do_sample:
+                scores = sampling.processors()(torch.tensor([seq.tokens], device=self.device),
+                                               logits[i:i + 1].float())  # (1, V)
                 tokens[i] = sample_next_token(scores, True, seq.generator)[0]
         return tokens.tolist()
 
