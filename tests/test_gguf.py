@@ -178,3 +178,24 @@ def test_a_bad_setting_in_the_metadata_names_the_gguf_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         hardway.load(path)
     assert str(e.value).startswith(f"{path}: ") and "head_dim=3 is odd" in str(e.value)
+
+
+def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
+    from transformers import AutoTokenizer
+
+    from hardway.gguf import gguf_tokenizer
+
+    ours, theirs = gguf_tokenizer(real), AutoTokenizer.from_pretrained(real.parent, gguf_file=real.name)
+    text = "<|im_start|>user\nHow many r's in 'strawberry'? 12345 + 678 =<|im_end|>\n  ünïcödé 🙂\t\tend"
+    ids = ours.encode(text)
+    assert ids == theirs(text, add_special_tokens=True)["input_ids"]
+    assert ids[0] == 1 and 2 in ids  # <|im_start|> and <|im_end|> as the special tokens they are
+    assert ours.decode(ids) == theirs.decode(ids) == text
+
+
+def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused(tmp_path):
+    from hardway.gguf import gguf_tokenizer
+
+    path = write_small(tmp_path / "spm.gguf", **{"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING)})
+    with pytest.raises(GGUFError, match="only 'gpt2'"):
+        gguf_tokenizer(path)
