@@ -36,7 +36,9 @@ def quantize_int8(w: torch.Tensor, group_size: int | None = None):
     largest |w| over 127; q = round(w / scale) in [-127, 127]. w: (out, in) -> q int8 (out, in), scales (out, groups)."""
     out_features, in_features = w.shape
     group = check_group_size(in_features, group_size)
-    wg = w.float().reshape(out_features, in_features // group, group)  # (out, groups, group)
+    # contiguous first: hardway.load may store a matrix column by column (lesson 12), and elementwise ops keep a
+    # layout, so q would come out column by column too, which the decode loops and torch's kernels do not expect
+    wg = w.float().contiguous().reshape(out_features, in_features // group, group)  # (out, groups, group)
     scales = (wg.abs().amax(dim=-1) / 127).to(SCALE_DTYPE)  # (out, groups)
     s = scales.float().unsqueeze(-1)  # (out, groups, 1): divide by the scale we store, not the one before rounding
     q = torch.where(s > 0, wg / s, 0).round().clamp(-127, 127).to(torch.int8)  # a group of zeros: scale 0, q 0
@@ -69,7 +71,7 @@ def quantize_int4(w: torch.Tensor, group_size: int = 32):
     w: (out, in) -> packed uint8 (out, in / 2), scales (out, groups), mins (out, groups)."""
     out_features, in_features = w.shape
     group = check_group_size(in_features, group_size, bits=4)
-    wg = w.float().reshape(out_features, in_features // group, group)  # (out, groups, group)
+    wg = w.float().contiguous().reshape(out_features, in_features // group, group)  # (out, groups, group), as int8's
     lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)  # (out, groups)
     scales, mins = ((hi - lo) / 15).to(SCALE_DTYPE), lo.to(SCALE_DTYPE)
     d, m = scales.float().unsqueeze(-1), mins.float().unsqueeze(-1)  # (out, groups, 1), as stored

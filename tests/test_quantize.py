@@ -141,3 +141,14 @@ def test_quantize_linears_on_llama_and_gpt2(real):
     assert (after - before).abs().max() < 0.05 * before.abs().max()
     tokens = hardway.generate(gpt2, ids, max_new_tokens=4, do_sample=False, eos_token_id=None)
     assert tokens.shape == (1, 12)
+
+
+@pytest.mark.parametrize("bits, group", [(8, None), (4, 32)])
+def test_a_matrix_stored_column_by_column_quantizes_to_contiguous_integers(bits, group):
+    linear = nn.Linear(64, 96)
+    linear.weight.data = linear.weight.data.T.contiguous().T  # hardway.load's decode layout for wide matrices
+    layer = QuantizedLinear.from_linear(linear, bits, group)
+    assert layer.q.is_contiguous() and layer.scales.is_contiguous()
+    x = torch.randn(1, 1, 64)
+    with torch.no_grad():
+        assert torch.allclose(layer.use_kernel()(x), F.linear(x, layer.dequantized_weight(), linear.bias), atol=1e-4)
