@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from hardway.bpe import BPETokenizer, read_pre_tokenizer, unicode_to_bytes
 from hardway.hub import models_dir
 from hardway.loading import Checkpoint, eos_token_list
 
@@ -348,3 +349,28 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32) -> C
                 w = unpermute_qk(w, n)
         tensors[hub] = w.to(device=device, dtype=dtype)
     return Checkpoint(Path(path).parent, config, eos_token_list(config["eos_token_id"]), tensors)
+
+
+CONTROL_TOKEN = 3  # tokenizer.ggml.token_type: 1 normal, 3 control (special), 4 user-defined, 6 byte
+
+
+def gguf_tokenizer(path):
+    """Lesson 02's BPETokenizer from a GGUF's metadata alone (`tokenizer.ggml.model` "gpt2": byte-level BPE): the
+    vocabulary and merges as stored, control and user-defined tokens as added tokens, GPT-2's pre-tokenizer."""
+    meta = (path if isinstance(path, GGUFFile) else read_gguf(path)).metadata
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise GGUFError(f"{path}: tokenizer.ggml.model is {meta.get('tokenizer.ggml.model')!r}; only 'gpt2' "
+                        f"(byte-level BPE) is read")
+    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
+    if types and len(types) != len(tokens):
+        raise GGUFError(f"{path}: {len(types)} token types for {len(tokens)} tokens")
+    added = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind in (CONTROL_TOKEN, 4)}
+    vocab = {unicode_to_bytes(t): i for i, t in enumerate(tokens) if t not in added}
+    merges = []
+    for k, merge in enumerate(meta.get("tokenizer.ggml.merges", [])):
+        pair = merge.split(" ")
+        if len(pair) != 2:
+            raise GGUFError(f"{path}: merge {k} is not a pair of tokens: {merge!r}")
+        merges.append((unicode_to_bytes(pair[0]), unicode_to_bytes(pair[1])))
+    splits = read_pre_tokenizer({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True})
+    return BPETokenizer(vocab, merges, splits, added)

@@ -6,6 +6,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 import struct
 
 import numpy as np
+import torch
 
 # (weights per block, bytes per block) of each type the exercises ask about.
 BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
@@ -70,3 +71,16 @@ def walk_to_the_data(path) -> tuple[int, int]:
         (n_dims,) = struct.unpack_from("<I", data, pos)
         pos += 4 + 8 * n_dims + 4 + 8  # the dims, the type, the offset
     return pos, alignment
+
+
+# Exercise 4: half a byte a weight, plus an fp16 scale and an fp16 minimum for every group of every row.
+def my_int4_bytes(out_features: int, in_features: int, group_size: int) -> int:
+    return out_features * in_features // 2 + out_features * (in_features // group_size) * (2 + 2)
+
+
+# Exercise 5: the row's largest |w| becomes 127; every weight is rounded to the nearest step.
+def my_quantize_int8_row(row):
+    scale = row.abs().max().item() / 127
+    if scale == 0:
+        return torch.zeros(row.shape, dtype=torch.int8), 0.0
+    return torch.round(row / scale).clamp(-127, 127).to(torch.int8), scale

@@ -159,6 +159,11 @@ def test_load_matches_transformers_gguf_loading(real):
     with torch.no_grad():
         delta = (hardway.load(real)(ids) - reference(ids).logits).abs().max().item()
     assert delta < 1e-4, f"max |delta| {delta:.2e} of the logits: more than fp32 rounding"
+    with torch.no_grad():  # 50 greedy tokens, both with their KV caches, never stopping at EOS
+        ours = hardway.generate(hardway.load(real), ids, max_new_tokens=50, do_sample=False, eos_token_id=None)
+        theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=50, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)
+    assert ours.tolist() == theirs.tolist()
 
 
 def test_a_bad_setting_in_the_metadata_names_the_gguf_file(tmp_path):
@@ -173,3 +178,24 @@ def test_a_bad_setting_in_the_metadata_names_the_gguf_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         hardway.load(path)
     assert str(e.value).startswith(f"{path}: ") and "head_dim=3 is odd" in str(e.value)
+
+
+def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
+    from transformers import AutoTokenizer
+
+    from hardway.gguf import gguf_tokenizer
+
+    ours, theirs = gguf_tokenizer(real), AutoTokenizer.from_pretrained(real.parent, gguf_file=real.name)
+    text = "<|im_start|>user\nHow many r's in 'strawberry'? 12345 + 678 =<|im_end|>\n  ünïcödé 🙂\t\tend"
+    ids = ours.encode(text)
+    assert ids == theirs(text, add_special_tokens=True)["input_ids"]
+    assert ids[0] == 1 and 2 in ids  # <|im_start|> and <|im_end|> as the special tokens they are
+    assert ours.decode(ids) == theirs.decode(ids) == text
+
+
+def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused(tmp_path):
+    from hardway.gguf import gguf_tokenizer
+
+    path = write_small(tmp_path / "spm.gguf", **{"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING)})
+    with pytest.raises(GGUFError, match="only 'gpt2'"):
+        gguf_tokenizer(path)

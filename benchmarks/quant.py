@@ -1,0 +1,155 @@
+"""Quantized decoding: weight bytes, decode tok/s and perplexity of SmolLM2 in fp32, int8, int4 and the GGUF's own
+Q4_1 blocks, side by side in one process, with llama.cpp on the same GGUF (and on a Q8_0 it makes itself).
+
+    uv run python benchmarks/quant.py
+    uv run python benchmarks/quant.py --llama-cpp-path PEER_VENV/lib/python3.11/site-packages \\
+        --llama-cpp-f32 smollm2-135m-f32.gguf
+
+Every hardway format decodes with lesson 12's compiled static-shape step (inductor on CPU, the quantized layers'
+one-row products fused into loops over the integers); `--eager` adds the eager step with torch's own CPU weight-only
+kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32 eager. Batch 1, greedy, the same prompt ids,
+a fixed number of new tokens, a full-length warm-up, then interleaved repetitions (medians); the read bandwidth (a
+1 GiB sum) is sampled in the same rounds. Quantized formats may pick other tokens than fp32: the table says how many
+of the first new tokens agree. Perplexity: lesson 11's windows (512, stride 256) on the first --ppl-tokens tokens of
+the course's text, each format against fp32 (llama.cpp's formats are timed, not scored). `--llama-cpp-f32 GGUF`:
+an F32 GGUF of the same weights, which llama.cpp's own quantizer turns into a Q8_0 (and which it also times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.decode import llama_cpp_generate, prompt_ids  # noqa: E402
+from hardway.fast_decode import StaticDecodeStep  # noqa: E402
+from hardway.generation import generate  # noqa: E402
+from hardway.gguf import smollm2_gguf  # noqa: E402
+from hardway.hub import checkpoint  # noqa: E402
+from hardway.loading import forward_once, load  # noqa: E402
+from hardway.quantize import QuantizedLinear, gguf_quantized, quantize_linears, weights_nbytes  # noqa: E402
+from hardway.timing import time_interleaved  # noqa: E402
+from hardway.verify import eval_text, perplexity, window_nlls  # noqa: E402
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def llama_cpp_q8_0(f32_gguf: str, out_dir: str, path: str | None) -> str:
+    """A Q8_0 GGUF made by llama.cpp's own quantizer from an F32 one (written under a temporary name, then renamed)."""
+    if path:
+        sys.path.append(path)
+    import llama_cpp
+
+    out = Path(out_dir) / "smollm2-135m-q8_0.gguf"
+    partial = out.with_suffix(".partial")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(f32_gguf).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama.cpp could not quantize {f32_gguf} to Q8_0")
+    os.replace(partial, out)
+    return str(out)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ppl-tokens", type=int, default=4096)
+    parser.add_argument("--untimed", nargs="*", default=["int4, groups of 64"],
+                        help="formats scored for perplexity but not timed (each timed one costs a compilation)")
+    parser.add_argument("--eager", action="store_true", help="also time fp32 eager and torch's weight-only kernels")
+    parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
+    parser.add_argument("--llama-cpp-f32", metavar="GGUF", help="an F32 GGUF of the same weights, for llama.cpp's Q8_0")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    workdir = tempfile.mkdtemp()
+    gguf_path = smollm2_gguf(workdir)
+    folder = checkpoint(MODEL)
+    ids = prompt_ids(folder, args.prompt_tokens)  # (1, T)
+    n = args.new_tokens
+
+    formats = {"fp32": load(gguf_path), "int8, per row": quantize_linears(load(gguf_path), 8),
+               "int8, groups of 32": quantize_linears(load(gguf_path), 8, 32),
+               "int4, groups of 32": quantize_linears(load(gguf_path), 4, 32),
+               "int4, groups of 64": quantize_linears(load(gguf_path), 4, 64),
+               "Q4_1, the file's blocks": gguf_quantized(gguf_path)}
+    timed_formats = [name for name in formats if name not in args.untimed]
+    sizes = {name: weights_nbytes(m) for name, m in formats.items()}
+
+    from transformers import AutoTokenizer
+    _, text = eval_text()
+    corpus = AutoTokenizer.from_pretrained(folder)(text[:200_000], return_tensors="pt").input_ids[0, :args.ppl_tokens]
+    quality = {}
+    with torch.inference_mode():
+        for name, m in formats.items():
+            quality[name] = perplexity(window_nlls(lambda x, m=m: forward_once(m, x), corpus, 512, 256))
+
+    fns = {}
+    for name in timed_formats:  # each its own compiled step and static cache
+        m = formats[name]
+        step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
+        fns[name] = (lambda s: lambda: s.generate(ids, n, do_sample=False, eos_token_id=None))(step)
+    scored = {}  # a timed engine -> the format whose perplexity is its own
+    if args.eager:
+        fp32_eager = load(gguf_path)
+        fns["fp32, eager"] = lambda: generate(fp32_eager, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
+        for bits, group in [(8, None), (4, 32)]:
+            m = quantize_linears(load(gguf_path), bits, group)
+            for layer in m.modules():
+                if isinstance(layer, QuantizedLinear):
+                    layer.use_kernel()
+            fns[f"int{bits}, torch's kernel, eager"] = (
+                lambda m: lambda: generate(m, ids, max_new_tokens=n, do_sample=False, eos_token_id=None))(m)
+            scored[f"int{bits}, torch's kernel, eager"] = "int8, per row" if bits == 8 else "int4, groups of 32"
+        scored["fp32, eager"] = "fp32"
+    if args.llama_cpp_path:
+        files = {"llama.cpp Q4_1 (the file)": str(gguf_path)}
+        if args.llama_cpp_f32:
+            files["llama.cpp Q8_0 (its quantizer)"] = llama_cpp_q8_0(args.llama_cpp_f32, workdir, args.llama_cpp_path)
+            files["llama.cpp F32"] = args.llama_cpp_f32
+        for name, file in files.items():
+            run = llama_cpp_generate(file, args.llama_cpp_path, args.threads)
+            fns[name] = (lambda r: lambda: r(ids, n))(run)
+            sizes[name] = (Path(file).stat().st_size, None)
+
+    read_buffer = torch.ones(2**30 // 4, dtype=torch.float32)  # 1 GiB: the read bandwidth in the same rounds
+    times, outs = time_interleaved({**fns, "read": read_buffer.sum}, "cpu", args.reps)
+    read_bw = read_buffer.nbytes / statistics.median(times.pop("read"))
+    del outs["read"], read_buffer
+    tps = {name: n / statistics.median(t) for name, t in times.items()}
+    reference = outs["fp32"][0, ids.shape[1]:]
+    loadavg = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{MODEL} from {gguf_path.name}; CPU, {torch.get_num_threads()} threads, load average {loadavg}; "
+          f"read bandwidth (a 1 GiB sum, same rounds) {read_bw / 1e9:.1f} GB/s")
+    print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up; "
+          f"perplexity on {len(corpus)} tokens of the course text")
+    print("| format | weights stored | read per token | decode tok/s | x fp32 | perplexity | vs fp32 | new tokens as fp32's |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in [n for n in formats if n not in tps]:  # scored, not timed
+        stored, read = sizes[name]
+        print(f"| {name} | {stored / 1e6:.1f} MB | {read / 1e6:.1f} MB | - | - | {quality[name]:.3f} | "
+              f"{quality[name] / quality['fp32'] - 1:+.2%} | - |")
+    for name, s in tps.items():
+        stored, read = sizes[scored.get(name, name)]
+        ppl = quality.get(scored.get(name, name))
+        agree = (outs[name][0, ids.shape[1]:] == reference).long().cumprod(0).sum().item()
+        read_mb = "-" if read is None else f"{read / 1e6:.1f} MB"
+        ppl_cells = "- | -" if ppl is None else f"{ppl:.3f} | {ppl / quality['fp32'] - 1:+.2%}"
+        print(f"| {name} | {stored / 1e6:.1f} MB | {read_mb} | {s:.1f} | {s / tps['fp32']:.2f} | {ppl_cells} | "
+              f"{agree} of {n} |")
+    return {"tok_s": tps, "perplexity": quality}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""hardway.quantize: int8 / int4 weight-only quantization, its layer's three ways of multiplying, the GGUF's own
+blocks kept bit for bit, and whole models (Llama from the real GGUF, GPT-2) through the CausalLM contract."""
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hardway
+from hardway.gguf import read_gguf, smollm2_gguf
+from hardway.hub import checkpoint
+from hardway.quantize import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks,
+                              gguf_quantized, matvec_int4, pack_nibbles, quantize_int4, quantize_int8,
+                              quantize_linears, unpack_nibbles, weights_nbytes)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
+
+
+def test_int8_rounds_each_weight_to_the_nearest_level_of_its_row():
+    w = torch.randn(16, 96) * torch.logspace(-3, 1, 16)[:, None]  # rows of very different sizes
+    w[3] = 0  # a row of zeros: scale 0, no division by it
+    q, scales = quantize_int8(w)
+    assert q.dtype == torch.int8 and scales.shape == (16, 1) and q.abs().max() <= 127
+    assert torch.equal(q[3], torch.zeros(96, dtype=torch.int8))
+    err = (dequantize_int8(q, scales) - w).abs()  # (16, 96)
+    assert (err <= scales.float() / 2 * (1 + 1e-3)).all()  # half a step of its own row, fp16's rounding aside
+    assert (q.abs().amax(dim=1)[w.abs().amax(dim=1) > 0] >= 126).all()  # each row's largest weight near +-127
+
+
+def test_int4_groups_keep_their_minimum_and_range():
+    w = torch.randn(8, 128)
+    w[2, 32:64] = 0.5  # a constant group: scale 0, every weight its minimum
+    packed, scales, mins = quantize_int4(w, 32)
+    assert packed.shape == (8, 64) and scales.shape == mins.shape == (8, 4)
+    assert scales[2, 1] == 0 and torch.equal(dequantize_int4(packed, scales, mins)[2, 32:64], w[2, 32:64])
+    err = (dequantize_int4(packed, scales, mins) - w).abs()
+    step = scales.float().repeat_interleave(32, dim=1)  # (8, 128)
+    assert (err <= step / 2 + 2e-3 * w.abs().max()).all()  # half a step, plus fp16 rounding of m and d
+    q = unpack_nibbles(packed)
+    assert q.max() == 15 and q.min() == 0
+
+
+def test_nibbles_in_a_little_endian_word_are_columns_in_order():
+    q = torch.randint(0, 16, (3, 16))
+    packed = pack_nibbles(q)  # (3, 8)
+    assert torch.equal(unpack_nibbles(packed), q.to(torch.uint8))
+    words = packed.view(torch.int32)  # (3, 2)
+    for k in range(8):
+        assert torch.equal((words >> (4 * k)) & 0xF, q[:, k::8].to(torch.int32))
+
+
+@pytest.mark.parametrize("bits, group", [(8, None), (8, 32), (4, 32), (4, 64)])
+def test_the_layer_multiplies_as_its_dequantized_weight(bits, group):
+    torch.manual_seed(0)
+    linear = nn.Linear(192, 320)
+    layer = QuantizedLinear.from_linear(linear, bits, group)
+    w = layer.dequantized_weight()  # (320, 192)
+    x, prompt = torch.randn(1, 1, 192), torch.randn(2, 5, 192)
+    with torch.no_grad():
+        reference = F.linear(x, w, linear.bias)
+        assert (layer(x) - reference).abs().max() < 1e-5 * reference.abs().max()  # the one-row form
+        assert torch.equal(layer(prompt), F.linear(prompt, w, linear.bias))  # many rows: dequantize, then matmul
+        if group is None or bits == 4:
+            kernel = QuantizedLinear.from_linear(linear, bits, group).use_kernel()
+            assert (kernel(x) - reference).abs().max() < 1e-5 * reference.abs().max()
+            assert (kernel(prompt) - F.linear(prompt, w, linear.bias)).abs().max() < 1e-4
+    # the bytes: integers plus 2-byte scales (and minimums)
+    groups = 192 // (group or 192)
+    assert layer.nbytes == 320 * 192 * bits // 8 + 320 * groups * 2 * (2 if bits == 4 else 1)
+
+
+def test_the_int4_one_row_form_is_d_times_dot_plus_m_times_sum():
+    packed, scales, mins = quantize_int4(torch.randn(4, 64), 32)
+    x = torch.randn(64)
+    q = unpack_nibbles(packed).float()  # (4, 64)
+    expected = sum(scales[:, g].float() * (q[:, 32 * g:32 * g + 32] @ x[32 * g:32 * g + 32])
+                   + mins[:, g].float() * x[32 * g:32 * g + 32].sum() for g in range(2))
+    assert torch.allclose(matvec_int4(x, packed, scales, mins), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits, group", [(4, 128), (4, 12), (8, 100), (8, 0)])
+def test_a_group_that_does_not_split_the_row_is_refused(bits, group):
+    with pytest.raises(QuantizationError, match="group size"):
+        QuantizedLinear.from_linear(nn.Linear(576, 8), bits, group)
+
+
+def test_use_kernel_needs_one_int8_scale_per_row():
+    with pytest.raises(QuantizationError, match="one scale a row"):
+        QuantizedLinear.from_linear(nn.Linear(64, 8), 8, 32).use_kernel()
+
+
+def test_the_files_blocks_become_layers_bit_for_bit(real):
+    file, reader = read_gguf(real), gguf.GGUFReader(real)
+    for name in ("blk.3.ffn_down.weight", "token_embd.weight"):
+        info, t = file.tensors[name], next(t for t in reader.tensors if t.name == name)
+        tensors = gguf_blocks(file.raw(name), info.type_name, info.shape)
+        mine = dequantize_int4(*tensors) if info.type_name == "Q4_1" else dequantize_int8(*tensors)
+        expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).copy())
+        assert torch.equal(mine.view(torch.int32), expected.reshape(mine.shape).view(torch.int32)), name
+
+
+def test_gguf_quantized_is_the_dequantized_model(real):
+    dense, kept = hardway.load(real), gguf_quantized(real)
+    layers = [m for m in kept.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 30 * 7 + 1 and sum(layer.bits == 8 for layer in layers) == 1  # 210 Q4_1 + the head's Q8_0
+    ids = torch.randint(0, 49152, (1, 9))
+    with torch.inference_mode():
+        a, b = kept(ids), dense(ids)  # a prompt: the same weights; hardway.load re-stores dense's column by column,
+        assert (a - b).abs().max() < 1e-4 and torch.equal(a.argmax(-1), b.argmax(-1))  # so MKL sums in another order
+        cache_k, cache_d = kept.new_kv_cache(1, 10), dense.new_kv_cache(1, 10)
+        kept(ids, kv_cache=cache_k), dense(ids, kv_cache=cache_d)
+        a = kept(ids[:, -1:], kv_cache=cache_k, start_pos=9)  # one row: the product from the integers
+        b = dense(ids[:, -1:], kv_cache=cache_d, start_pos=9)
+    assert (a - b).abs().max() < 1e-4 and torch.equal(a.argmax(-1), b.argmax(-1))
+    stored, read = weights_nbytes(kept)
+    # 134.5 M weights: the embedding table stays fp32 (stored, not read); the head's Q8_0 34 bytes a block of 32,
+    # the 210 matrices' Q4_1 20 bytes a block; the 61 norm vectors fp32
+    n_embd = 49152 * 576
+    n_q4 = sum(i.n_elements for i in read_gguf(real).tensors.values() if i.type_name == "Q4_1")
+    norms = sum(i.n_elements for i in read_gguf(real).tensors.values() if i.type_name == "F32") * 4
+    assert read == n_embd // 32 * 34 + n_q4 // 32 * 20 + norms and stored == read + 4 * n_embd
+
+
+def test_quantize_linears_on_llama_and_gpt2(real):
+    llama = quantize_linears(hardway.load(real), 4, 64)
+    assert sum(isinstance(m, QuantizedLinear) for m in llama.modules()) == 30 * 7 + 1  # the tied head too
+    assert not any(isinstance(m, nn.Linear) for m in llama.modules())
+    gpt2 = hardway.load(checkpoint("openai-community/gpt2"))
+    ids = torch.randint(0, 50257, (1, 8))
+    with torch.inference_mode():
+        before = gpt2(ids)
+        quantize_linears(gpt2, 8)
+        after = gpt2(ids)
+    assert sum(isinstance(m, QuantizedLinear) for m in gpt2.modules()) == 4 * 12
+    assert (after - before).abs().max() < 0.05 * before.abs().max()
+    tokens = hardway.generate(gpt2, ids, max_new_tokens=4, do_sample=False, eos_token_id=None)
+    assert tokens.shape == (1, 12)
+
+
+@pytest.mark.parametrize("bits, group", [(8, None), (4, 32)])
+def test_a_matrix_stored_column_by_column_quantizes_to_contiguous_integers(bits, group):
+    linear = nn.Linear(64, 96)
+    linear.weight.data = linear.weight.data.T.contiguous().T  # hardway.load's decode layout for wide matrices
+    layer = QuantizedLinear.from_linear(linear, bits, group)
+    assert layer.q.is_contiguous() and layer.scales.is_contiguous()
+    x = torch.randn(1, 1, 64)
+    with torch.no_grad():
+        assert torch.allclose(layer.use_kernel()(x), F.linear(x, layer.dequantized_weight(), linear.bias), atol=1e-4)
