@@ -99,18 +99,18 @@ def main(argv=None) -> dict:
     for name in timed_formats:  # each its own compiled step and static cache
         m = formats[name]
         step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
-        fns[name] = (lambda s: lambda: s.generate(ids, n, do_sample=False, eos_token_id=None))(step)
+        fns[name] = (lambda s: lambda: s.generate(ids, n, eos_token_id=None))(step)
     scored = {}  # a timed engine -> the format whose perplexity is its own
     if args.eager:
         fp32_eager = load(gguf_path)
-        fns["fp32, eager"] = lambda: generate(fp32_eager, ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
+        fns["fp32, eager"] = lambda: generate(fp32_eager, ids, max_new_tokens=n, eos_token_id=None)
         for bits, group in [(8, None), (4, 32)]:
             m = quantize_linears(load(gguf_path), bits, group)
             for layer in m.modules():
                 if isinstance(layer, QuantizedLinear):
                     layer.use_kernel()
             fns[f"int{bits}, torch's kernel, eager"] = (
-                lambda m: lambda: generate(m, ids, max_new_tokens=n, do_sample=False, eos_token_id=None))(m)
+                lambda m: lambda: generate(m, ids, max_new_tokens=n, eos_token_id=None))(m)
             scored[f"int{bits}, torch's kernel, eager"] = "int8, per row" if bits == 8 else "int4, groups of 32"
         scored["fp32, eager"] = "fp32"
     if args.llama_cpp_path:

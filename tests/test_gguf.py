@@ -160,7 +160,7 @@ def test_load_matches_transformers_gguf_loading(real):
         delta = (hardway.load(real)(ids) - reference(ids).logits).abs().max().item()
     assert delta < 1e-4, f"max |delta| {delta:.2e} of the logits: more than fp32 rounding"
     with torch.no_grad():  # 50 greedy tokens, both with their KV caches, never stopping at EOS
-        ours = hardway.generate(hardway.load(real), ids, max_new_tokens=50, do_sample=False, eos_token_id=None)
+        ours = hardway.generate(hardway.load(real), ids, max_new_tokens=50, eos_token_id=None)
         theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=50, do_sample=False,
                                     eos_token_id=None, pad_token_id=0)
     assert ours.tolist() == theirs.tolist()
