@@ -252,16 +252,16 @@ def gguf_quantized(path) -> nn.Module:
     for name, info in file.tensors.items():
         if info.type_name not in ("Q8_0", "Q4_1") or len(info.dims) != 2:
             continue
-        target = ours[hub_name(name)].removesuffix(".weight")
-        if target == "tok_emb":
+        layer = ours[hub_name(name)].removesuffix(".weight")
+        if layer == "tok_emb":
             if not config.tie_word_embeddings:
                 continue
-            target = "lm_head"
+            layer = "lm_head"
         tensors = gguf_blocks(file.raw(name), info.type_name, info.shape)
-        n_heads = heads.get(target.rpartition(".")[2])
+        n_heads = heads.get(layer.rpartition(".")[2])
         if n_heads:  # the file's row order for RoPE; every per-row tensor moves with its row
             tensors = tuple(unpermute_qk(t, n_heads) for t in tensors)
         bits = 8 if info.type_name == "Q8_0" else 4
         out_features, in_features = info.shape
-        _replace(model, target, QuantizedLinear(bits, in_features, out_features, 32, *tensors))
+        _replace(model, layer, QuantizedLinear(bits, in_features, out_features, 32, *tensors))
     return model
