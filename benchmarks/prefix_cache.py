@@ -18,7 +18,6 @@ import argparse
 import json
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ import httpx
 from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import free_port, one_stream, pct  # noqa: E402
+from serve import free_port, one_stream, pct, start_hardway  # noqa: E402
 
 RULES = ["The library opens at nine and closes at six, Monday to Saturday.",
          "Members may borrow up to eight books for three weeks.", "A loan may be renewed twice unless it is reserved.",
@@ -50,22 +49,6 @@ def system_prompt(n_sections: int) -> str:
                 for i in range(n_sections)]
     return ("You are the help desk of the city's public libraries. These are the rules of every branch.\n"
             + "\n".join(sections) + "\nAnswer the visitor's question in one friendly sentence.\n")
-
-
-def start_hardway(model: str, port: int, flags: list[str]) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
-                             "serve", "--model", model, "--port", str(port), *flags], stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"hardway serve exited with {proc.returncode}")
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).raise_for_status()
-            return proc
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("hardway serve did not start within 600 s")
 
 
 def stats(url: str) -> dict | None:

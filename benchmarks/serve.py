@@ -50,10 +50,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_hardway(model: str, max_batch: int, max_step_tokens: int, port: int) -> subprocess.Popen:
-    code = (f"from hardway.server import serve; serve({model!r}, port={port}, max_batch={max_batch}, "
-            f"max_step_tokens={max_step_tokens})")
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
+def start_hardway(model: str, port: int, flags: list[str]) -> subprocess.Popen:
+    """`hardway serve --model MODEL --port PORT FLAGS...`, once it answers /v1/models."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
+                             "serve", "--model", model, "--port", str(port), *flags], stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -181,7 +181,8 @@ def main() -> None:
         url, label = args.url, args.label or args.url
     else:
         port = free_port()
-        proc = start_hardway(args.model, args.max_batch, args.max_step_tokens, port)
+        proc = start_hardway(args.model, port, ["--max-batch", str(args.max_batch), "--max-step-tokens",
+                                                 str(args.max_step_tokens), "--no-prefix-cache"])  # lesson 14's engine
         url, label = f"http://127.0.0.1:{port}/v1", args.label or f"hardway (max_step_tokens {args.max_step_tokens})"
     try:
         client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
