@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hardway.fast_decode import cpu_decode_backend, lay_out_rows, use_decode_layout  # lesson 12
 from hardway.loading import CausalLM
 from hardway.sampling import SamplingConfig, sample_next_token  # lesson 07
 from hardway.streaming import Detokenizer  # lesson 11
@@ -94,8 +95,10 @@ def slot_of(block_table: list[int], position: int, block_size: int) -> int:
 class PagedKVCache:
     """The keys and values of many sequences in one pool of blocks, one pool per layer.
 
-    k, v: (n_layers, n_blocks * block_size, n_kv_heads, head_dim): slot s of the pool is position s % block_size of
-    block s // block_size. Before each forward pass, `bind` is given each row's slot mapping (the pool slot of each
+    k, v: lists of n_layers tensors (n_blocks * block_size + 1, n_kv_heads, head_dim), one per layer as in lesson
+    12's static cache (a compiled step then writes each in place): slot s of the pool is position s % block_size of
+    block s // block_size, and the last slot, `scratch_slot`, belongs to no block: the compiled decode step pads its
+    batch with rows that write and read there only. Before each forward pass, `bind` is given each row's slot mapping (the pool slot of each
     of its positions) and how many of its last positions are new in this pass. `update` then has KVCache's
     interface: it writes each row's new keys/values into their slots and returns the batch's keys/values gathered
     through the slot mappings, left-padded to the longest row, (B, n_kv_heads, S, head_dim)."""
@@ -103,10 +106,11 @@ class PagedKVCache:
     def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device="cpu"):
         self.n_layers, self.block_size, self.n_kv_heads, self.head_dim = n_layers, block_size, n_kv_heads, head_dim
-        shape = (n_layers, n_blocks * block_size, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, n_slots, n_kv_heads, head_dim)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, n_slots, n_kv_heads, head_dim)
-        self.device = device
+        self.scratch_slot = n_blocks * block_size  # after every block's slots
+        shape = (n_blocks * block_size + 1, n_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # n_layers x (n_slots + 1, H, d)
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.dtype, self.device = dtype, device
 
     @classmethod
     def for_model(cls, model: CausalLM, n_blocks: int, block_size: int) -> PagedKVCache:
@@ -131,7 +135,7 @@ class PagedKVCache:
         self.all_new = bool(new_columns.all())
         self.new_rows = new_columns.flatten().nonzero().squeeze(1).to(self.device)  # (sum(n_new),) of B * T rows
         self.write_slots = torch.cat([row[len(row) - n:] for row, n in zip(slot_rows, n_new)]).to(self.device)
-        self.read_slots = read.flatten().to(self.device)  # (B * S,)
+        self.read_slots = read.to(self.device)  # (B, S)
         self.batch_size, self.n_new, self.n_positions = B, T, S
         real = torch.arange(S)[None, :] >= (S - lengths)[:, None]  # (B, S): True where the row has a position
         return None if bool(real.all()) else real.long().to(self.device)
@@ -146,12 +150,12 @@ class PagedKVCache:
         v = v.transpose(1, 2).reshape(B * T, H, d)
         if not self.all_new:  # only the new columns: a short row's padding columns are not positions at all
             k, v = k.index_select(0, self.new_rows), v.index_select(0, self.new_rows)  # (sum(n_new), H, d)
-        k_pool, v_pool = self.k[layer_idx], self.v[layer_idx]  # (n_slots, H, d) each: this layer's pool, a view
+        k_pool, v_pool = self.k[layer_idx], self.v[layer_idx]  # (n_slots + 1, H, d) each: this layer's pool
         k_pool.index_copy_(0, self.write_slots, k)  # scatter into the blocks
         v_pool.index_copy_(0, self.write_slots, v)
-        S = self.n_positions
-        keys = k_pool.index_select(0, self.read_slots).view(B, S, H, d)  # gathered through the slot mappings
-        values = v_pool.index_select(0, self.read_slots).view(B, S, H, d)
+        S = self.read_slots.shape[1]  # from the tensor, not an int: a compiled step then serves every S
+        keys = k_pool.index_select(0, self.read_slots.flatten()).view(B, S, H, d)  # through the slot mappings
+        values = v_pool.index_select(0, self.read_slots.flatten()).view(B, S, H, d)
         return keys.transpose(1, 2), values.transpose(1, 2)  # each (B, n_kv_heads, S, d)
 
 
@@ -375,6 +379,56 @@ def with_onednn_linears(model: nn.Module) -> nn.Module:
     return twin
 
 
+def paged_decode_step(model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      cache: PagedKVCache) -> torch.Tensor:
+    """One decode step of a bound PagedKVCache: input_ids (B, 1), attention_mask (B, S) -> logits (B, 1, V). The
+    function the compiled decode step compiles: a plain forward pass, the pool's writes and gathers inside it."""
+    return model(input_ids, kv_cache=cache, start_pos=attention_mask.shape[1] - 1, attention_mask=attention_mask,
+                 last_only=True)
+
+
+class CompiledDecode:
+    """Steps in which every row decodes one token, compiled, as vLLM and nano-vllm capture a CUDA graph per batch
+    size: one graph per size in `batch_sizes`, a smaller batch padded up to the next size with rows that write and
+    read only the pool's scratch slot. The number of positions S is a symbolic size in each graph (marked dynamic):
+    it grows at every step, and one graph serves them all.
+
+    On a CPU in fp32 the graphs are lesson 12's: `cpu_decode_backend`, whose one-row matrix-vector products stream
+    weights stored row by row, on a copy of the model laid out so (the memory of the weights again; the eager path
+    keeps its own layout). Compiling takes seconds to a minute per size: `compile_now` does it before any request."""
+
+    def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None):
+        weight = next(model.parameters())
+        if backend is None and use_decode_layout(weight.device, weight.dtype):
+            model, backend = lay_out_rows(copy.deepcopy(model)), cpu_decode_backend
+        self.model, self.cache, self.batch_sizes = model, cache, sorted(batch_sizes)
+        self.graphs = {b: torch.compile(paged_decode_step, backend=backend or "inductor", fullgraph=True, dynamic=False)
+                       for b in self.batch_sizes}  # one torch.compile per size: each compiles its own graph once
+
+    def padded_size(self, n_rows: int) -> int | None:
+        """The batch size a decode of n_rows runs at: the smallest compiled size that holds it (None: none does)."""
+        return next((b for b in self.batch_sizes if b >= n_rows), None)
+
+    def __call__(self, input_ids: torch.Tensor, slot_rows: list[torch.Tensor], size: int | None = None) -> torch.Tensor:
+        """input_ids (B, 1), each row's slots -> logits (B, V), computed at the padded size."""
+        B, size = len(slot_rows), size or self.padded_size(len(slot_rows))
+        padding = torch.full((2,), self.cache.scratch_slot)  # (2,): two positions, so that S is never 1 (a constant)
+        mask = self.cache.bind(slot_rows + [padding] * (size - B), [1] * size)  # (size, S), or None: no padding
+        if mask is None:
+            mask = torch.ones(size, self.cache.n_positions, dtype=torch.long, device=self.cache.device)
+        for t in (mask, self.cache.read_slots):
+            torch._dynamo.mark_dynamic(t, 1)  # S: symbolic, not a constant of the graph
+        padded_ids = torch.zeros(size, 1, dtype=torch.long, device=self.cache.device)  # (size, 1): token 0 for padding
+        padded_ids[:B] = input_ids
+        return self.graphs[size](self.model, padded_ids, mask, self.cache)[:B, -1]  # (B, V)
+
+    def compile_now(self) -> None:
+        """Compile every size now, on padding rows alone: they read and write the scratch slot only."""
+        with torch.inference_mode():
+            for size in self.batch_sizes:
+                self(torch.zeros(0, 1, dtype=torch.long), [], size)
+
+
 def onednn_linear_pays(device, dtype) -> bool:
     """Whether the engine computes with OneDNNLinear: fp32 on a CPU whose torch has oneDNN (measured below)."""
     return torch.device(device).type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
@@ -388,13 +442,16 @@ class ModelRunner:
     padding), and a prefill of n tokens is ceil(n / T) rows, each the next T tokens of the same sequence. Inside
     one layer, `update` writes every row's new keys before it gathers any row's keys, so a prompt's later rows see
     its earlier rows' keys, as one long row would. On a CPU in fp32 the pass runs on the model's twin whose linear
-    layers are `OneDNNLinear`."""
+    layers are `OneDNNLinear`. With `compile_sizes`, a step of decodes alone whose batch fits one of those sizes
+    runs the CompiledDecode graph instead; every other step, eagerly as above."""
 
-    def __init__(self, model: CausalLM, n_blocks: int, block_size: int, onednn: bool | None = None):
+    def __init__(self, model: CausalLM, n_blocks: int, block_size: int, onednn: bool | None = None,
+                 compile_sizes=(), backend=None):
         self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
         self.block_size, self.device = block_size, self.cache.device
         if onednn is None:
-            onednn = onednn_linear_pays(self.device, self.cache.k.dtype)
+            onednn = onednn_linear_pays(self.device, self.cache.dtype)
+        self.decode = CompiledDecode(model, self.cache, compile_sizes, backend) if compile_sizes else None
         self.model = with_onednn_linears(model) if onednn else model
 
     def map_slots(self, seq: Sequence, n_positions: int) -> None:
@@ -422,6 +479,12 @@ class ModelRunner:
         """Compute the next n_new[i] tokens of each seqs[i] (whose keys/values enter the pool) in one forward pass
         -> logits (B, V) at each sequence's last new position."""
         ends = [s.n_cached + n for s, n in zip(seqs, n_new)]
+        if self.decode is not None and max(n_new) == 1 and self.decode.padded_size(len(seqs)) is not None:
+            for seq, end in zip(seqs, ends):
+                self.map_slots(seq, end)
+            input_ids = torch.tensor([[seq.tokens[seq.n_cached]] for seq in seqs], device=self.device)  # (B, 1)
+            with torch.inference_mode():
+                return self.decode(input_ids, [seq.slot_mapping[:end] for seq, end in zip(seqs, ends)])  # (B, V)
         T = self.row_width(n_new, max(ends))
         slot_rows, row_new, row_ids, last_rows = [], [], [], []
         for seq, n, end in zip(seqs, n_new, ends):
@@ -514,10 +577,12 @@ class OutputProcessor:
 
 class Engine:
     """The scheduler, the model runner and the output processor behind one small interface: `add` a request,
-    `step` (one forward pass for everything scheduled), `abort`. A sequence whose computation raises fails alone."""
+    `step` (one forward pass for everything scheduled), `abort`. A sequence whose computation raises fails alone.
+    `compile_sizes`: the batch sizes whose decode steps run compiled (CompiledDecode), compiled here, before any
+    request: (1,) makes one request alone as fast as lesson 12's compiled step; () compiles nothing."""
 
     def __init__(self, model: CausalLM, tokenizer, n_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
-                 max_step_tokens: int = 512):
+                 max_step_tokens: int = 512, compile_sizes=(), backend=None):
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size = model.config.vocab_size  # rows of the embedding: the ids the model can read
         largest = max(tokenizer.decoder)  # the largest id the tokenizer can produce (an added token's, often)
@@ -526,7 +591,9 @@ class Engine:
                              f"{self.vocab_size} (ids 0 to {self.vocab_size - 1}): the checkpoint's config.json and "
                              f"tokenizer do not belong together")
         self.scheduler = Scheduler(n_blocks, block_size, max_batch, max_step_tokens)
-        self.runner = ModelRunner(model, n_blocks, block_size)
+        self.runner = ModelRunner(model, n_blocks, block_size, compile_sizes=compile_sizes, backend=backend)
+        if self.runner.decode is not None:
+            self.runner.decode.compile_now()
         self.output = OutputProcessor(tokenizer, model.eos_token_ids)
         self.n_aborted = 0  # sequences dropped before they finished: a client gone, a failure, a shutdown
         self.device = self.runner.device

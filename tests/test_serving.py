@@ -348,3 +348,97 @@ def test_streamed_text_equals_the_finished_text_with_a_multibyte_stop(gpt2):
     while engine.has_work():
         pieces += [e.text for e in engine.step() if e.seq is seq]
     assert "".join(pieces) == seq.text == tok.decode(out)[:tok.decode(out).index(stop)]
+
+
+def watched_graphs(engine):
+    """Wrap each compiled graph of engine's CompiledDecode: record every call's (batch size, real rows), and check
+    that the call changed the pool only in the real rows' slots and the scratch slot. -> the list of records."""
+    cache, calls = engine.runner.cache, []
+    for size, graph in list(engine.runner.decode.graphs.items()):
+        def watched(model, input_ids, mask, pool, graph=graph, size=size):
+            writes = pool.write_slots.tolist()  # (size,): the real rows' slots, then the padding rows'
+            real = [s for s in writes if s != pool.scratch_slot]
+            before = [t.clone() for t in pool.k + pool.v]
+            out = graph(model, input_ids, mask, pool)
+            changed = set()
+            for old, new in zip(before, pool.k + pool.v):
+                changed |= set((old != new).flatten(1).any(1).nonzero().flatten().tolist())
+            assert changed <= set(real) | {pool.scratch_slot}, "a padding row wrote into a real slot"
+            calls.append((size, len(real)))
+            return out
+        engine.runner.decode.graphs[size] = watched
+    return calls
+
+
+def test_compiled_decode_steps_equal_generate_and_padding_writes_only_the_scratch_slot(gpt2):
+    """Decode steps compiled for batch sizes 1 and 4 (the graph captured whole, run by torch.compile's "aot_eager"
+    backend: compiling GPT-2 with inductor takes a minute per size): three requests that finish at different steps
+    run as 3, 2 and 1 rows (padded to 4, 4, 1), each step's S a symbolic size of one graph per batch size; every
+    answer token-identical to generate() alone, every block back."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model, tok = gpt2
+    counter = CompileCounterWithBackend("aot_eager")
+    prompts = [tok.encode(p) for p in PROMPTS[:3]]
+    lengths = [4, 7, 10]
+    expected = [alone(model, ids, n) for ids, n in zip(prompts, lengths)]
+    engine = Engine(model, tok, n_blocks=24, block_size=4, max_batch=4, compile_sizes=(1, 4), backend=counter)
+    assert counter.frame_count == 2, "compile_now compiles one graph per batch size"
+    calls = watched_graphs(engine)
+    seqs = [engine.add(ids, SamplingParams(max_tokens=n, temperature=0)) for ids, n in zip(prompts, lengths)]
+    while engine.has_work():
+        engine.step()
+    assert [s.output_ids for s in seqs] == expected
+    assert {(4, 3), (4, 2), (1, 1)} <= set(calls), f"batches run: {sorted(set(calls))}"
+    assert counter.frame_count == 2, "a new S or a smaller batch recompiled"
+    assert sorted(engine.blocks.free_blocks) == list(range(24))
+
+
+def test_compiled_decode_falls_back_to_eager_for_other_shapes(gpt2):
+    """Compiled for batch size 1 only: a step of two decodes, and a step with a prefill in it, run eagerly."""
+    model, tok = gpt2
+    prompts = [tok.encode(p) for p in PROMPTS[:2]]
+    expected = [alone(model, ids, 5) for ids in prompts]
+    engine = Engine(model, tok, n_blocks=16, block_size=4, compile_sizes=(1,), backend="aot_eager")
+    calls = watched_graphs(engine)
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=5, temperature=0))
+    assert [s.output_ids for s in seqs] == expected
+    assert calls == [], "two rows were decoded by the graph compiled for one"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A seeded random 2-layer Llama (GQA, tied head) saved by transformers, and a tokenizer of one byte per id."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    reference = LlamaForCausalLM(LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                             tie_word_embeddings=True)).eval()
+    with torch.no_grad():  # larger than the default init, so that the logits are far from uniform
+        for p in reference.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.add_(0.1 * torch.randn_like(p))
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    reference.save_pretrained(folder)
+    return load(folder), SimpleNamespace(decoder={i: bytes([65 + i % 26]) for i in range(120)})
+
+
+def test_compiled_decode_with_the_cpu_backend_equals_generate(tiny_llama):
+    """The default backend on a CPU, compiled for real (lesson 12's for one row, weights laid out in rows on a copy;
+    inductor's for the padded batch of 4): three requests of different lengths decode as 3, 2 and 1 rows,
+    token-identical to generate() alone; the model that the engine and generate() share keeps its layout."""
+    model, tokenizer = tiny_llama
+    strides = [p.stride() for p in model.parameters()]
+    prompts = [torch.randint(0, 120, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (3, 9, 5)]
+    lengths = [6, 12, 18]
+    expected = [alone(model, ids, n, eos=[]) for ids, n in zip(prompts, lengths)]
+    engine = Engine(model, tokenizer, n_blocks=16, block_size=4, compile_sizes=(1, 4))
+    calls = watched_graphs(engine)
+    seqs = [engine.add(ids, SamplingParams(max_tokens=n, temperature=0, stop_token_ids=[]))
+            for ids, n in zip(prompts, lengths)]
+    while engine.has_work():
+        engine.step()
+    assert [s.output_ids for s in seqs] == expected
+    assert {(4, 3), (4, 2), (1, 1)} <= set(calls), f"batches run: {sorted(set(calls))}"
+    assert [p.stride() for p in model.parameters()] == strides, "the compiled copy's layout leaked into the model"
+    assert sorted(engine.blocks.free_blocks) == list(range(16))
