@@ -2,6 +2,7 @@
 
     uv run python benchmarks/serve.py --model HuggingFaceTB/SmolLM2-135M-Instruct          # starts `hardway serve`
     uv run python benchmarks/serve.py --url http://127.0.0.1:8101/v1 --model NAME --label vllm  # a running server
+    uv run python benchmarks/serve.py --compile 1 --baseline --peer vllm=http://127.0.0.1:8101/v1  # both, one table
 
 Without --url it starts `hardway serve` itself on a free port of 127.0.0.1 (--max-step-tokens is its per-step
 token budget: a large one turns chunked prefill off). --baseline also times `hardway.generate` alone on a prompt of
@@ -11,8 +12,9 @@ the same moment, every prompt distinct (from each other and from every earlier r
 help). Levels run interleaved, --reps rounds. It reports, per level, the aggregate completion throughput
 (completion tokens of all clients over the wall time, prefills included), the time to first token (TTFT) p50 and
 the inter-token latency (ITL) p50. Then the long-prompt test: one stream is running when a 1,500-token prompt
-arrives; its worst gap between two tokens while the long prompt is admitted. --json appends the figures to a file,
-one JSON object per run.
+arrives; its worst gap between two tokens while the long prompt is admitted. --peer runs the same load against
+other running servers after the first, one at a time, and prints the first one's figures as ratios of theirs.
+--json appends the figures to a file, one JSON object per server.
 """
 
 from __future__ import annotations
@@ -157,6 +159,59 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def measure(url: str, model: str, label: str, args, generate_alone=None) -> dict:
+    """The whole load against one running server -> its figures (and generate alone's, timed in the same rounds)."""
+    levels = [int(x) for x in args.levels.split(",")]
+    client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    run_level(client, model, 2, 4)  # warm-up
+    baseline, short = [], 0
+    tps, ttft, itl = ({c: [] for c in levels} for _ in range(3))
+    for _ in range(args.reps):
+        for c in levels:
+            t, f, i, n = run_level(client, model, c, args.max_tokens)
+            tps[c].append(t); ttft[c] += f; itl[c] += i
+            short += c * args.max_tokens - n
+        if generate_alone is not None:  # in the same round as the levels: the same load on the machine
+            baseline.append(generate_alone(args.max_tokens))
+    text = long_prompt(client, model, args.long_prompt)
+    gaps = [worst_gap_during_long_prompt(client, model, f"Attempt {i}: {text}", args.max_tokens)
+            for i in range(2)]  # a prompt of its own each time: a prefix cache must not answer the second
+    return {"label": label, "model": model, "max_tokens": args.max_tokens, "reps": args.reps,
+            "levels": {c: {"tok_s": statistics.median(tps[c]), "ttft_p50_ms": pct(ttft[c], .5) * 1e3,
+                           "itl_p50_ms": pct(itl[c], .5) * 1e3} for c in levels},
+            "long_prompt_tokens": gaps[0][1], "worst_gap_ms": max(g for g, _ in gaps) * 1e3,
+            "tokens_short": short, "generate_alone_tok_s": statistics.median(baseline) if baseline else None}
+
+
+def report(result: dict) -> None:
+    print(f"{result['label']}: {result['model']}, {result['max_tokens']} new tokens per client, greedy, "
+          f"{result['reps']} rounds, medians")
+    print(f"{'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8}")
+    for c, r in result["levels"].items():
+        print(f"{c:>7} {r['tok_s']:>8.1f} {r['ttft_p50_ms']:>7.0f}ms {r['itl_p50_ms']:>6.0f}ms")
+    print(f"a running stream's worst gap while a {result['long_prompt_tokens']}-token prompt is admitted: "
+          f"{result['worst_gap_ms']:.0f} ms (the worse of 2 attempts)")
+    if result["tokens_short"]:
+        print(f"{result['tokens_short']} tokens fewer than asked came back (answers that ended at EOS): tok/s counts "
+              f"what came back")
+    baseline = result["generate_alone_tok_s"]
+    if baseline is not None and 1 in result["levels"]:
+        print(f"hardway.generate alone: {baseline:.1f} tok/s; one client through the server: "
+              f"{result['levels'][1]['tok_s'] / baseline:.2f}x of it")
+
+
+def compare(results: list[dict]) -> None:
+    """The first server's figures against each other's, as ratios."""
+    first = results[0]
+    for other in results[1:]:
+        ratios = ", ".join(f"{c} clients {r['tok_s'] / other['levels'][c]['tok_s']:.2f}x"
+                           for c, r in first["levels"].items())
+        ttft = ", ".join(f"{c}: {r['ttft_p50_ms']:.0f} vs {other['levels'][c]['ttft_p50_ms']:.0f} ms"
+                         for c, r in first["levels"].items())
+        print(f"{first['label']} against {other['label']}: throughput {ratios}; TTFT p50 {ttft}; worst gap "
+              f"{first['worst_gap_ms']:.0f} vs {other['worst_gap_ms']:.0f} ms")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -164,70 +219,53 @@ def main() -> None:
     p.add_argument("--url", help="a running OpenAI-compatible server, e.g. http://127.0.0.1:8101/v1; without it, "
                                  "`hardway serve` is started")
     p.add_argument("--label", help="the server's name in the output (default: hardway, or the URL)")
+    p.add_argument("--peer", action="append", default=[], metavar="LABEL=URL",
+                   help="after the first server, the same load against this running server too (its first model); "
+                        "repeatable. Then the first server's figures as ratios of each peer's")
     p.add_argument("--levels", default="1,8,16", help="numbers of concurrent clients, comma-separated")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--max-batch", type=int, default=16, help="hardway only")
     p.add_argument("--max-step-tokens", type=int, default=512, help="hardway only: tokens per engine step")
+    p.add_argument("--compile", metavar="SIZES", help="hardway only: `hardway serve --compile SIZES` (batch sizes "
+                                                      "whose decode steps are compiled, e.g. 1)")
     p.add_argument("--long-prompt", type=int, default=1500, help="tokens of the prompt in the long-prompt test")
     p.add_argument("--baseline", action="store_true",
                    help="also time hardway.generate alone (on the checkpoint --model names) in this process, once per "
                         "round, while the server is idle")
     p.add_argument("--json", type=Path, help="append the results to this file")
     args = p.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
-    proc = None
+    generate_alone = load_generate_alone(args.model) if args.baseline else None
+    results = []
     if args.url:
-        url, label = args.url, args.label or args.url
+        results.append(measure(args.url, args.model, args.label or args.url, args, generate_alone))
     else:
         port = free_port()
-        proc = start_hardway(args.model, port, ["--max-batch", str(args.max_batch), "--max-step-tokens",
-                                                 str(args.max_step_tokens), "--no-prefix-cache"])  # lesson 14's engine
-        url, label = f"http://127.0.0.1:{port}/v1", args.label or f"hardway (max_step_tokens {args.max_step_tokens})"
-    try:
-        client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
-        run_level(client, args.model, 2, 4)  # warm-up
-        generate_alone = load_generate_alone(args.model) if args.baseline else None
-        baseline = []
-        tps = {c: [] for c in levels}
-        ttft = {c: [] for c in levels}
-        itl = {c: [] for c in levels}
-        short = 0
-        for _ in range(args.reps):
-            for c in levels:
-                t, f, i, n = run_level(client, args.model, c, args.max_tokens)
-                tps[c].append(t); ttft[c] += f; itl[c] += i
-                short += c * args.max_tokens - n
-            if generate_alone is not None:  # in the same round as the levels: the same load on the machine
-                baseline.append(generate_alone(args.max_tokens))
-        text = long_prompt(client, args.model, args.long_prompt)
-        gaps = [worst_gap_during_long_prompt(client, args.model, f"Attempt {i}: {text}", args.max_tokens)
-                for i in range(2)]  # a prompt of its own each time: a prefix cache must not answer the second
-    finally:
-        if proc is not None:
+        flags = ["--max-batch", str(args.max_batch), "--max-step-tokens", str(args.max_step_tokens),
+                 "--no-prefix-cache"]  # lesson 14's engine
+        if args.compile:
+            flags += ["--compile", args.compile]
+        proc = start_hardway(args.model, port, flags)
+        label = args.label or (f"hardway (max_step_tokens {args.max_step_tokens}"
+                               f"{f', compile {args.compile}' if args.compile else ''})")
+        try:
+            results.append(measure(f"http://127.0.0.1:{port}/v1", args.model, label, args, generate_alone))
+        finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    baseline = statistics.median(baseline) if baseline else None
-    result = {"label": label, "model": args.model, "max_tokens": args.max_tokens, "reps": args.reps,
-              "levels": {c: {"tok_s": statistics.median(tps[c]), "ttft_p50_ms": pct(ttft[c], .5) * 1e3,
-                             "itl_p50_ms": pct(itl[c], .5) * 1e3} for c in levels},
-              "long_prompt_tokens": gaps[0][1], "worst_gap_ms": max(g for g, _ in gaps) * 1e3,
-              "tokens_short": short, "generate_alone_tok_s": baseline}
-    print(f"{label}: {args.model}, {args.max_tokens} new tokens per client, greedy, {args.reps} rounds, medians")
-    print(f"{'clients':>7} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8}")
-    for c in levels:
-        r = result["levels"][c]
-        print(f"{c:>7} {r['tok_s']:>8.1f} {r['ttft_p50_ms']:>7.0f}ms {r['itl_p50_ms']:>6.0f}ms")
-    print(f"a running stream's worst gap while a {gaps[0][1]}-token prompt is admitted: "
-          f"{result['worst_gap_ms']:.0f} ms (the worse of 2 attempts)")
-    if short:
-        print(f"{short} tokens fewer than asked came back (answers that ended at EOS): tok/s counts what came back")
-    if baseline is not None and 1 in levels:
-        print(f"hardway.generate alone: {baseline:.1f} tok/s; one client through the server: "
-              f"{result['levels'][1]['tok_s'] / baseline:.2f}x of it")
+    for peer in args.peer:
+        label, _, url = peer.partition("=")
+        if not url:
+            raise SystemExit(f"--peer takes LABEL=URL, got {peer!r}")
+        name = OpenAI(base_url=url, api_key="unused", max_retries=0).models.list().data[0].id
+        results.append(measure(url, name, label, args))
+    for result in results:
+        report(result)
+    compare(results)
     if args.json:
         with open(args.json, "a") as f:
-            f.write(json.dumps(result) + "\n")
+            for result in results:
+                f.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
