@@ -103,6 +103,17 @@ def cmd_chat(args) -> int:
                      system=args.system, **sampling)
 
 
+def _batch_sizes(text: str, max_batch: int) -> tuple[int, ...]:
+    """--compile's "1,4,8" -> (1, 4, 8), each a batch size from 1 to --max-batch."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--compile takes batch sizes separated by commas, like 1,4,8; got {text!r}") from None
+    if not all(1 <= b <= max_batch for b in sizes):
+        raise ValueError(f"--compile's batch sizes must be in 1..--max-batch ({max_batch}), got {text!r}")
+    return sizes
+
+
 def cmd_serve(args) -> int:
     device, dtype = _device_and_dtype(args)
     for name in ("max_batch", "blocks", "block_size", "max_step_tokens"):
@@ -112,6 +123,7 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if not 0 <= args.grace <= 3600:  # also refuses nan
         raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
+    compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else ()
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
     engine_class = resolve("hardway.serving:Engine" if args.no_prefix_cache  # lesson 14's, or lesson 15's
@@ -119,7 +131,7 @@ def cmd_serve(args) -> int:
     resolve("hardway.server:serve")(args.model, host=args.host, port=args.port, max_batch=args.max_batch,  # lesson 14
                                     n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype,
                                     grace_s=args.grace, max_step_tokens=args.max_step_tokens,
-                                    engine_class=engine_class)
+                                    engine_class=engine_class, compile_sizes=compile_sizes)
     return 0
 
 
@@ -169,6 +181,10 @@ def main(argv=None) -> int:
                         "earlier prompts are shared (lesson 15)")
     s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
+    s.add_argument("--compile", nargs="?", const="1", default=None, metavar="SIZES",
+                   help="compile the decode steps of these batch sizes (default 1: one request alone, as fast as "
+                        "lesson 12's compiled step) before serving: about a minute per size, and a copy of the "
+                        "weights; on a CPU larger batches run faster eagerly (lesson 14)")
     args = parser.parse_args(argv)
     commands = {"verify": cmd_verify, "generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     try:
