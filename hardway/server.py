@@ -564,11 +564,13 @@ async def wait_while(condition, seconds: float) -> None:
 
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
-          grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine) -> None:
+          grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine,
+          compile_sizes=()) -> None:
     """Load a model and serve it until SIGINT/SIGTERM: then running requests get `grace_s` seconds to finish, and
     those still open are ended with an error (see _Server); a second signal ends sooner. `max_step_tokens`: the
     tokens one engine step computes at most (a longer prompt is prefilled in chunks). `engine_class`: Engine, or a
-    subclass with the same arguments (`hardway serve` runs lesson 15's PrefixCachingEngine)."""
+    subclass with the same arguments (`hardway serve` runs lesson 15's PrefixCachingEngine). `compile_sizes`: the
+    batch sizes whose decode steps are compiled, before the server listens."""
     import torch
 
     from hardway.hub import checkpoint
@@ -591,7 +593,7 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     if n_blocks is None:  # room for max_batch sequences of 512 positions (or the context, if shorter)
         n_blocks = max_batch * -(-min(model.max_seq_len, 512) // block_size)
     engine = engine_class(model, tokenizer, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch,
-                          max_step_tokens=max_step_tokens)
+                          max_step_tokens=max_step_tokens, compile_sizes=compile_sizes)
     app = create_app(engine, model_id, chat)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _Server(config, app.state.worker, grace_s).run()
