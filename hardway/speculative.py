@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hardway.errors import check_int  # lesson 03
 from hardway.generation import _MODEL_EOS, check_prompt, prefill  # lesson 08
 from hardway.loading import CausalLM, eos_token_list  # lesson 06
-from hardway.quantize import QuantizedLinear, quantize_linears  # lesson 16
+from hardway.quantize import quantize_linears  # lesson 16
 from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
 
 
@@ -212,14 +212,9 @@ class ModelDrafter(Drafter):
 
 
 def int8_drafter(model: CausalLM) -> ModelDrafter:
-    """A ModelDrafter of the model's own int8 copy (lesson 16: every Linear quantized, one scale a row); on CPU its
-    layers use torch's int8 weight-only kernel."""
-    draft_model = quantize_linears(copy.deepcopy(model), 8)
-    if next(draft_model.parameters()).device.type == "cpu":
-        for layer in draft_model.modules():
-            if isinstance(layer, QuantizedLinear):
-                layer.use_kernel()
-    return ModelDrafter(draft_model)
+    """A ModelDrafter of the model's own int8 copy (lesson 16: every Linear quantized, one scale a row), run eagerly
+    by QuantizedLinear's own products."""
+    return ModelDrafter(quantize_linears(copy.deepcopy(model), 8))
 
 
 def accept_sampled(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, generator=None):
