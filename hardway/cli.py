@@ -48,12 +48,33 @@ def _sampling(args, device) -> dict:
     return dict(sampling=sampling, generator=generator)
 
 
+SPECULATE = {"lookup": "PromptLookupDrafter", "int8": "int8_drafter"}  # lesson 17's drafters, by --speculate
+
+
+def _speculation(args) -> int | None:
+    """--speculate and --k checked before anything loads: the guesses per verify step, or None (plain decoding)."""
+    if args.speculate is None:
+        if args.k is not None:
+            raise ValueError("--k needs --speculate lookup or --speculate int8")
+        return None
+    if args.speculate not in SPECULATE:
+        raise ValueError(f"--speculate {args.speculate}: choose lookup (prompt lookup) or int8 (the model's int8 copy)")
+    if args.compile:
+        raise ValueError("--speculate runs its own eager verify step: use it without --compile")
+    k = 4 if args.k is None else args.k
+    if not 1 <= k <= 64:
+        raise ValueError(f"--k must be in 1..64 (guesses per verify step), got {k}")
+    return k
+
+
 def cmd_generate(args) -> int:
     """The generated text alone goes to stdout (so `hardway generate ... > out.txt` holds just that); the echoed
     prompt, banners and errors go to stderr. With --chat the prompt is one user message in the checkpoint's chat
-    format (lesson 13) and generation stops at the end of the assistant's turn."""
+    format (lesson 13) and generation stops at the end of the assistant's turn. With --speculate, lesson 17's
+    speculative decoding: the same text, greedy."""
     device, dtype = _device_and_dtype(args)
     sampling = _sampling(args, device)
+    k = _speculation(args)
     with contextlib.redirect_stdout(sys.stderr):  # whatever loading says (a stand-in's banner) is not the output
         folder = checkpoint(args.model)
         tokenizer = load_tokenizer(folder)
@@ -70,20 +91,28 @@ def cmd_generate(args) -> int:
     text = Detokenizer(tokenizer.decoder)
     new: list[int] = []
 
-    def stream(next_ids):  # next_ids: (1,)
+    def stream(next_ids):  # next_ids: (1,), or a speculative step's new tokens (j,)
         if not new and not args.chat:  # the prompt, echoed once generation is under way (an error comes alone)
             sys.stderr.write(args.prompt); sys.stderr.flush()
-        new.append(int(next_ids[0]))
-        if new[-1] not in end_ids:
-            sys.stdout.write(text.push(new[-1])); sys.stdout.flush()
+        for token in next_ids.tolist():
+            new.append(token)
+            if token not in end_ids:
+                sys.stdout.write(text.push(token))
+        sys.stdout.flush()
 
     decoder = None  # lesson 08's eager steps; with --compile lesson 12's, compiled on the first step
     if args.compile:
         static_step = resolve("hardway.fast_decode:StaticDecodeStep")  # lesson 12
         decoder = static_step(model, max_len=input_ids.shape[1] + args.max_new_tokens)
     try:
-        generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, decoder=decoder, **stop,
-                 **sampling)
+        if k is None:
+            generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, decoder=decoder, **stop,
+                     **sampling)
+        else:  # lesson 17
+            drafter = resolve(f"hardway.speculative:{SPECULATE[args.speculate]}")
+            resolve("hardway.speculative:speculative_generate")(
+                model, input_ids, drafter(model) if args.speculate == "int8" else drafter(), k,
+                max_new_tokens=args.max_new_tokens, on_token=stream, **stop, **sampling)
     except KeyboardInterrupt:  # Ctrl-C: the text so far stays on stdout; one line on stderr says why it stopped
         print(f"\nhardway generate: interrupted after {len(new)} new token(s)", file=sys.stderr)
         return 130
@@ -163,6 +192,9 @@ def main(argv=None) -> int:
     g.add_argument("--chat", action="store_true", help="send the prompt as a user message in the chat template")
     g.add_argument("--compile", action="store_true", help="decode with lesson 12's compiled step: it compiles first "
                                                           "(seconds to minutes), then each token is faster")
+    g.add_argument("--speculate", default=None, metavar="{lookup,int8}",
+                   help="lesson 17's speculative decoding, guesses by prompt lookup or by the model's int8 copy")
+    g.add_argument("--k", type=int, default=None, help="with --speculate: guesses per verify step (default 4)")
     c = sub.add_parser("chat", parents=[common, sampling], help="an interactive chat (Ctrl-C stops an answer, Ctrl-D quits)")
     c.add_argument("--system", default=None, help="a system message to start the conversation with")
     c.add_argument("--max-context", type=int, default=None,

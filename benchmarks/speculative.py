@@ -1,0 +1,166 @@
+"""Speculative decoding (lesson 17): tokens per second of plain decoding and of speculative decoding with each
+drafter and k, side by side in one process, on prompts whose answer quotes the prompt (grounded) and open-ended
+ones, with transformers' prompt lookup (`generate(prompt_lookup_num_tokens=k)`) and assisted generation
+(`generate(assistant_model=...)`, its assistant the model's int8 copy made by torch's dynamic quantization) on the
+same prompts and weights.
+
+    uv run python benchmarks/speculative.py                      # the README's table
+    uv run python benchmarks/speculative.py --reps 1 --new-tokens 48 --ks 2,4   # a quick look
+
+SmolLM2-135M-Instruct (the stand-in has its real weights), fp32, CPU, batch 1, greedy, each prompt in its chat
+template, generation until the end of the answer or --new-tokens. Every hardway run is lesson 08's eager decode
+path (`generate`), and every speculative output is asserted identical to plain decoding's tokens. Times: one
+warm-up of every configuration, then --reps interleaved rounds, medians. Acceptance is kept guesses over guesses,
+tokens per step is new tokens per verify step; each kind of prompt sums its prompts' new tokens and median times.
+`--compile` adds lesson 12's compiled decode step as a second plain baseline (the verify step itself stays eager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hardway.chat import ChatTemplate  # noqa: E402
+from hardway.generation import generate  # noqa: E402
+from hardway.hub import checkpoint  # noqa: E402
+from hardway.loading import load  # noqa: E402
+from hardway.speculative import PromptLookupDrafter, SpeculationStats, int8_drafter, speculative_generate  # noqa: E402
+from hardway.timing import time_interleaved  # noqa: E402
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PASSAGE = ("The Moon is Earth's only natural satellite. It orbits at an average distance of 384,400 km, about 30 "
+           "times the diameter of Earth. The Moon always shows the same side to Earth, because tidal forces have "
+           "slowed its rotation until it matches its orbit. Its gravity causes the tides of the oceans.")
+CODE = ("def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
+        "    return total / len(values)\n\n\ndef variance(values):\n    m = mean(values)\n    total = 0\n"
+        "    for value in values:\n        total += (value - m) ** 2\n    return total / len(values)\n")
+PROMPTS = {  # name -> (kind, the user's message)
+    "repeat a passage": ("grounded", "Repeat the following text exactly, word for word:\n\n" + PASSAGE),
+    "add docstrings": ("grounded", "Add a docstring to each function of this Python code:\n\n" + CODE),
+    "rename a variable": ("grounded", "Rewrite this Python code, renaming the variable `total` to `acc`:\n\n" + CODE),
+    "a story": ("open-ended", "Write a short story about a robot who learns to paint."),
+    "the sky": ("open-ended", "Explain why the sky is blue."),
+}
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def transformers_runs(folder, ks, int8_ks):
+    """{name: ids (1, T) -> ids (1, T + n)}: transformers' greedy generate, with prompt lookup, and assisted by the
+    model's int8 copy (torch's dynamic quantization of every Linear), a constant number of guesses per step."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assistant = torch.ao.quantization.quantize_dynamic(copy.deepcopy(hf), {torch.nn.Linear}, dtype=torch.qint8)
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"  # k guesses every step, as ours
+
+    def run(ids, n, **kw):
+        with torch.inference_mode():
+            return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, **kw)
+
+    fns = {"transformers": lambda ids, n: run(ids, n)}
+    for k in ks:
+        fns[f"transformers lookup k={k}"] = lambda ids, n, k=k: run(ids, n, prompt_lookup_num_tokens=k)
+    for k in int8_ks:
+        def assisted(ids, n, k=k):
+            assistant.generation_config.num_assistant_tokens = k
+            return run(ids, n, assistant_model=assistant)
+        fns[f"transformers int8 assistant k={k}"] = assisted
+    return fns
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--new-tokens", type=int, default=96, help="at most this many new tokens per answer")
+    parser.add_argument("--reps", type=int, default=2, help="interleaved timed rounds after the warm-up")
+    parser.add_argument("--ks", type=ints, default=[1, 2, 4, 8], help="guesses per step for prompt lookup")
+    parser.add_argument("--int8-ks", type=ints, default=[2, 4], help="guesses per step for the int8 drafter")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-transformers", action="store_true", help="hardway's runs only")
+    parser.add_argument("--compile", action="store_true", help="add lesson 12's compiled step as a plain baseline")
+    parser.add_argument("--prompts", default=None, help="comma-separated names of PROMPTS to run (default all)")
+    args = parser.parse_args(argv)
+    if args.new_tokens < 2 or args.reps < 1 or args.threads < 1 or not args.ks or min(args.ks + args.int8_ks) < 1:
+        parser.error("--new-tokens must be at least 2, --reps, --threads and every k at least 1")
+    torch.set_num_threads(args.threads)
+    names = list(PROMPTS) if args.prompts is None else args.prompts.split(",")
+    unknown = [n for n in names if n not in PROMPTS]
+    if unknown:
+        parser.error(f"unknown prompts {unknown}; known: {list(PROMPTS)}")
+
+    folder = checkpoint(MODEL)
+    model = load(folder)
+    chat = ChatTemplate.from_folder(folder)
+    drafters = {"lookup": PromptLookupDrafter(), "int8": int8_drafter(model)}
+    theirs = {} if args.no_transformers else transformers_runs(folder, args.ks, args.int8_ks)
+    n = args.new_tokens
+    configs = [("lookup", k) for k in args.ks] + [("int8", k) for k in args.int8_ks]
+
+    prompt_ids = {name: torch.tensor([chat.encode([{"role": "user", "content": PROMPTS[name][1]}],
+                                                  add_generation_prompt=True)]) for name in names}  # (1, T) each
+    step = None
+    if args.compile:  # one compiled step for every prompt: its static cache holds the longest
+        from hardway.fast_decode import StaticDecodeStep  # lesson 12; imported here: inductor is slow to import
+
+        step = StaticDecodeStep(copy.deepcopy(model), max_len=max(ids.shape[1] for ids in prompt_ids.values()) + n)
+
+    results = {}  # (prompt, config name) -> (seconds, new tokens, stats or None, same tokens as plain)
+    for name in names:
+        kind, ids = PROMPTS[name][0], prompt_ids[name]
+        T = ids.shape[1]
+        fns = {"hardway": lambda ids=ids: (generate(model, ids, max_new_tokens=n), None)}
+        if step is not None:
+            fns["hardway compiled"] = lambda ids=ids: (step.generate(ids, n), None)
+        for drafter_name, k in configs:
+            def spec(ids=ids, drafter=drafters[drafter_name], k=k):
+                stats = SpeculationStats()
+                return speculative_generate(model, ids, drafter, k, max_new_tokens=n, stats=stats), stats
+            fns[f"hardway {drafter_name} k={k}"] = spec
+        for label, fn in theirs.items():
+            fns[label] = lambda ids=ids, fn=fn: (fn(ids, n), None)
+        times, outs = time_interleaved(fns, reps=args.reps)
+        plain = outs["hardway"][0]
+        for label, (out, stats) in outs.items():
+            same = torch.equal(out, plain)
+            if label.startswith("hardway") and not same:
+                raise SystemExit(f"{label} on {name!r}: the tokens differ from plain decoding's")
+            results[(name, label)] = (statistics.median(times[label]), out.shape[1] - T, stats, same)
+        print(f"{name} ({kind}, {T}-token prompt, {plain.shape[1] - T} new tokens): "
+              + ", ".join(f"{label} {results[(name, label)][1] / results[(name, label)][0]:.1f}"
+                          for label in fns) + " tok/s", flush=True)
+
+    loadavg = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n{MODEL}, fp32, CPU, {torch.get_num_threads()} threads, batch 1, greedy; load average {loadavg}; "
+          f"up to {n} new tokens, {args.reps} interleaved rounds after a warm-up, medians")
+    labels = list(dict.fromkeys(label for _, label in results))
+    print("\n| prompts | decoding | tok/s | x hardway plain | guesses kept | tokens per step | same tokens |")
+    print("|---|---|---|---|---|---|---|")
+    for kind in dict.fromkeys(PROMPTS[n_][0] for n_ in names):
+        group = [n_ for n_ in names if PROMPTS[n_][0] == kind]
+        base = sum(results[(g, "hardway")][1] for g in group) / sum(results[(g, "hardway")][0] for g in group)
+        for label in labels:
+            rows = [results[(g, label)] for g in group]
+            tok_s = sum(r[1] for r in rows) / sum(r[0] for r in rows)
+            stats = [r[2] for r in rows if r[2] is not None]
+            kept = (f"{sum(sum(s.kept) for s in stats) / max(sum(sum(s.drafted) for s in stats), 1):.0%}"
+                    if stats else "-")
+            per_step = (f"{sum(sum(s.kept) + s.steps for s in stats) / sum(s.steps for s in stats):.2f}"
+                        if stats else "-")
+            same = f"{sum(r[3] for r in rows)} of {len(rows)}"
+            print(f"| {kind} ({len(group)}) | {label} | {tok_s:.1f} | {tok_s / base:.2f} | {kept} | {per_step} | "
+                  f"{same} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

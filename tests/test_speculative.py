@@ -1,0 +1,236 @@
+"""Lesson 17's speculative decoding: greedy, token for token the output of lesson 08's generate (tiny configs with
+many prompts and every k from 1 to 8, both stand-ins, both drafters, a repetition penalty, an EOS); sampling, the
+model's distribution: the rejection rule's first two tokens counted over many seeded runs against the exact
+probabilities of a tiny model with a vocabulary of 8 (Pearson's chi-square at a false-alarm rate of 0.001), two
+wrong rules failing the same test, and the whole sampling loop passing it. Speed is measured by
+benchmarks/speculative.py, never here."""
+
+import copy
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from hardway.generation import generate
+from hardway.hub import checkpoint
+from hardway.loading import load
+from hardway.quantize import quantize_linears
+from hardway.sampling import SamplingConfig
+from hardway.speculative import (ModelDrafter, PromptLookupDrafter, SpeculationStats, accept_greedy,
+                                 accept_sampled, chi_square_test, draw_two_tokens, int8_drafter,
+                                 speculative_generate, two_token_tables)
+from hardway.tokenizer import load_tokenizer
+
+FALSE_ALARM = 1e-3  # a right rule fails a chi-square test at this threshold once in a thousand independent draws
+
+
+def widened(model):
+    with torch.no_grad():  # larger than the default init, so that the logits are far from uniform
+        for p in model.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """{name: (model, a second model of other weights)}: 2-layer GPT-2 and Llama (GQA, tied head), random weights."""
+    out = {}
+    for name in ("gpt2", "llama"):
+        pair = []
+        for weights in (0, 1):
+            torch.manual_seed(weights)
+            if name == "gpt2":
+                hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=50))
+            else:
+                hf = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=96,
+                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                  max_position_embeddings=128, tie_word_embeddings=True))
+            folder = tmp_path_factory.mktemp(f"{name}-{weights}")
+            widened(hf.eval()).save_pretrained(folder)
+            pair.append(load(folder))
+        out[name] = tuple(pair)
+    return out
+
+
+def prompts(vocab, n=4):
+    """Random prompts of several lengths, and one that repeats itself (prompt lookup's case)."""
+    g = torch.Generator().manual_seed(0)
+    out = [torch.randint(0, vocab, (1, T), generator=g) for T in (1, 5, 11)[:n - 1]]  # n - 1 random prompts
+    return out + [torch.tensor([[7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]])]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_greedy_is_generates_tokens_on_tiny_configs_for_every_k(tiny, name):
+    model, _ = tiny[name]
+    int4 = ModelDrafter(quantize_linears(copy.deepcopy(model), 4, 32))  # a worse copy: more of its guesses rejected
+    drafters = {"lookup": PromptLookupDrafter(), "int8": int8_drafter(model), "int4": int4}
+    kept = {d: 0 for d in drafters}
+    for ids in prompts(model.config.vocab_size, n=3):
+        plain = generate(model, ids, max_new_tokens=16, eos_token_id=None)
+        for k in range(1, 9):
+            for drafter_name, drafter in drafters.items():
+                stats = SpeculationStats()
+                out = speculative_generate(model, ids, drafter, k, max_new_tokens=16, eos_token_id=None, stats=stats)
+                assert torch.equal(out, plain), (drafter_name, k, ids.tolist())
+                assert sum(stats.kept) + stats.steps == 15  # the first token comes from the prefill
+                kept[drafter_name] += sum(stats.kept)
+    assert all(kept.values()), kept  # every drafter had guesses kept: the rule and the rollback were exercised
+    assert sum(stats.drafted) > sum(stats.kept)  # and guesses rejected
+
+
+def test_greedy_is_generates_tokens_on_both_standins():
+    for repo, text, ks, int8_k in (
+            ("HuggingFaceTB/SmolLM2-135M-Instruct", "Repeat: the cat sat on the mat, the cat sat on the mat, the", (1, 3, 8), 2),
+            ("openai-community/gpt2", "The quick brown fox jumps over the lazy dog. The quick", (2, 5), 3)):
+        folder = checkpoint(repo)
+        model, tok = load(folder), load_tokenizer(folder)
+        ids = torch.tensor([tok.encode(text)])
+        plain = generate(model, ids, max_new_tokens=10)
+        for k in ks:
+            assert torch.equal(speculative_generate(model, ids, PromptLookupDrafter(), k, max_new_tokens=10), plain), \
+                (repo, k)
+        assert torch.equal(speculative_generate(model, ids, int8_drafter(model), int8_k, max_new_tokens=10), plain), repo
+
+
+def test_greedy_with_a_repetition_penalty_and_an_eos_is_generates(tiny):
+    model, other = tiny["llama"]
+    penalty = SamplingConfig(repetition_penalty=1.3)
+    ids = prompts(model.config.vocab_size)[-1]
+    for k in (1, 3, 6):
+        for drafter in (PromptLookupDrafter(), ModelDrafter(other)):
+            plain = generate(model, ids, 24, penalty, eos_token_id=None)
+            assert torch.equal(speculative_generate(model, ids, drafter, k, 24, penalty, eos_token_id=None), plain)
+    plain = generate(model, ids, 40, eos_token_id=None)[0, ids.shape[1]:]
+    eos = int(plain[10])  # a token it produces: generation must stop right after its first occurrence
+    expected = generate(model, ids, 40, eos_token_id=eos)
+    assert expected.shape[1] < ids.shape[1] + 40
+    for k in (1, 4, 8):
+        assert torch.equal(speculative_generate(model, ids, PromptLookupDrafter(), k, 40, eos_token_id=eos), expected)
+        assert torch.equal(speculative_generate(model, ids, ModelDrafter(other), k, 40, eos_token_id=eos), expected)
+
+
+def test_the_rules_on_cases():
+    assert accept_greedy(torch.tensor([5, 6, 7]), torch.tensor([5, 6, 9, 1])) == 2
+    assert accept_greedy(torch.tensor([5, 6, 7]), torch.tensor([1, 6, 7, 1])) == 0  # a later match does not count
+    assert accept_greedy(torch.tensor([], dtype=torch.long), torch.tensor([3])) == 0
+    # A guess not drawn (q one-hot) of probability 1 is always kept; of probability 0 never, and the token drawn
+    # instead is never the rejected guess.
+    p = torch.tensor([[[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]]]).expand(1000, -1, -1)  # (B, 2, V)
+    kept, nxt = accept_sampled(p, None, torch.ones(1000, 1, dtype=torch.long), torch.Generator().manual_seed(0))
+    assert (kept == 1).all() and (nxt != 1).all()
+    kept, nxt = accept_sampled(p, None, torch.zeros(1000, 1, dtype=torch.long), torch.Generator().manual_seed(0))
+    assert (kept == 0).all() and (nxt == 1).all()
+
+
+def test_prompt_lookup_guesses_what_followed_the_most_recent_match():
+    d = PromptLookupDrafter()
+    assert d.propose(torch.tensor([1, 2, 3, 9, 4, 1, 2, 3]), 3).tokens.tolist() == [9, 4, 1]
+    assert d.propose(torch.tensor([1, 2, 3, 5, 1, 2, 3, 6, 0, 2, 3]), 2).tokens.tolist() == [6, 0]  # newest 2-gram
+    assert d.propose(torch.tensor([1, 2, 3, 4]), 3).tokens.tolist() == []  # nothing to look up
+    assert d.propose(torch.tensor([5, 5]), 4).tokens.tolist() == [5]  # only what exists after the match
+
+
+def test_bad_arguments_are_refused_in_one_line(tiny):
+    model, _ = tiny["gpt2"]
+    for kwargs, words in ((dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), "one prompt at a time"),
+                          (dict(k=0), "k must be")):
+        call = dict(input_ids=torch.zeros(1, 3, dtype=torch.long), k=2) | kwargs
+        with pytest.raises(ValueError, match=words):
+            speculative_generate(model, call["input_ids"], PromptLookupDrafter(), call["k"], max_new_tokens=4)
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookupDrafter(min_ngram=0)
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A tiny Llama of vocabulary 8, a second of other weights as its drafter, and the exact tables after a prompt."""
+    models = []
+    for weights in (1, 2):
+        torch.manual_seed(weights)
+        hf = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+        with torch.no_grad():
+            for p in hf.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, 0.5)
+        folder = tmp_path_factory.mktemp(f"v8-{weights}")
+        hf.save_pretrained(folder)
+        models.append(load(folder))
+    prompt = torch.tensor([3, 1, 4, 1])
+    return models[0], models[1], prompt, two_token_tables(models[0], models[1], prompt)
+
+
+def argmax_rule(p, q, draft, generator=None):  # wrong: keep a guess when it is the model's argmax, else draw from p
+    kept = (draft == p[:, :draft.shape[1]].argmax(-1)).int().cumprod(1).sum(1)
+    return kept, torch.multinomial(p[torch.arange(len(draft)), kept], 1, generator=generator)[:, 0]
+
+
+def resample_from_p(p, q, draft, generator=None):  # wrong: the right acceptance, then a draw from p, not p - q
+    kept, _ = accept_sampled(p, q, draft, generator)
+    return kept, torch.multinomial(p[torch.arange(len(draft)), kept], 1, generator=generator)[:, 0]
+
+
+def always_keep(p, q, draft, generator=None):  # wrong: the drafter's distribution, unchecked
+    kept = torch.full((len(draft),), draft.shape[1])
+    return kept, torch.multinomial(p[:, -1], 1, generator=generator)[:, 0]
+
+
+def pair_p_value(rule, tables, n, seed=0):
+    V = tables["p1"].shape[0]
+    pairs = draw_two_tokens(rule, tables, n, torch.Generator().manual_seed(seed))
+    counts = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).reshape(V, V)
+    return chi_square_test(counts, tables["p1"][:, None] * tables["p2"])[2]
+
+
+def test_the_rejection_rule_keeps_the_models_distribution_and_wrong_rules_do_not(small_vocab):
+    *_, tables = small_vocab
+    drafter_differs = 0.5 * (tables["p1"] - tables["q1"]).abs().sum()
+    assert drafter_differs > 0.2, drafter_differs  # guesses are often rejected: the residual is really used
+    assert pair_p_value(accept_sampled, tables, 200_000) > FALSE_ALARM
+    for wrong in (argmax_rule, resample_from_p, always_keep):
+        assert pair_p_value(wrong, tables, 200_000) < FALSE_ALARM, wrong.__name__
+
+
+def test_the_chi_square_test_is_calibrated():
+    """Counts drawn from the very probabilities tested: p-values spread over [0, 1], rarely below 0.05."""
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.04, 0.01])
+    g = torch.Generator().manual_seed(0)
+    p_values = torch.tensor([chi_square_test(torch.bincount(torch.multinomial(probs, 2000, True, generator=g),
+                                                            minlength=6), probs)[2] for _ in range(400)])
+    assert 0.02 < (p_values < 0.05).float().mean() < 0.09
+    assert 0.4 < p_values.median() < 0.6
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "lookup"])
+def test_sampling_loop_keeps_the_models_distribution(small_vocab, drafter_kind):
+    model, other, prompt, tables = small_vocab
+    V = 8
+    drafter = ModelDrafter(other) if drafter_kind == "model" else PromptLookupDrafter()
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(V * V, dtype=torch.long)
+    stats = SpeculationStats()
+    for _ in range(600):
+        out = speculative_generate(model, prompt[None], drafter, k=3, max_new_tokens=3,
+                                   sampling=SamplingConfig(do_sample=True), eos_token_id=None, generator=gen,
+                                   stats=stats)
+        counts[out[0, 4] * V + out[0, 5]] += 1
+    assert sum(stats.drafted) > 0 and 0 < stats.acceptance < 1  # guesses made, some kept, some rejected
+    assert chi_square_test(counts.reshape(V, V), tables["p1"][:, None] * tables["p2"])[2] > FALSE_ALARM
+
+
+def test_the_command_line_speculates_with_the_same_text_and_refuses_bad_values(capsys):
+    from hardway import cli
+
+    base = ["generate", "--model", str(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")), "--device", "cpu",
+            "--max-new-tokens", "10", "one two three one two three one two"]
+    assert cli.main(base) == 0
+    plain = capsys.readouterr().out
+    assert cli.main(base + ["--speculate", "lookup", "--k", "3"]) == 0  # the int8 drafter: the tests above
+    assert capsys.readouterr().out == plain
+    for flags, words in ((["--speculate", "lookup", "--k", "0"], "--k must be"),
+                         (["--speculate", "medusa"], "--speculate medusa"),
+                         (["--k", "3"], "--k needs --speculate"),
+                         (["--speculate", "lookup", "--compile"], "--speculate")):
+        assert cli.main(base + flags) == 2, flags
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], (flags, lines)
