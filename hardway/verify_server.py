@@ -199,7 +199,8 @@ def logprob_bar(reference: Reference, dtype: torch.dtype, sequences: list[list[i
         picked = torch.tensor(ids[1:])[:, None]
         gap = max(gap, (a[:-1].gather(1, picked) - b[:-1].gather(1, picked)).abs().max().item())
         with torch.inference_mode(), comparison_attention():
-            biggest = max(biggest, reference.model(torch.tensor([ids])).logits.abs().max().item())
+            logits = reference.model(torch.tensor([ids], device=reference.device)).logits  # (1, T, V)
+            biggest = max(biggest, logits.abs().max().item())
     del half
     bar = gap + rounding_step(dtype, biggest)
     return bar, f"≤ transformers' own {str(dtype)[6:]} distance + one step = {bar:.3g}"
