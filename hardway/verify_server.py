@@ -239,7 +239,7 @@ def check_greedy(compared: list[Compared], reference: Reference, bar: float, sto
                                  f"{c.answer.how})", "the reference's most likely token everywhere")
                 ties += 1
         ended = ids and ids[-1] in stop_ids
-        if c.answer.finish_reason == "stop" and not ended:  # the server stopped and did not say on which token
+        if c.answer.finish_reason == "stop" and not ended and stop_ids:  # stopped, without saying on which token
             row = c.logp[T - 1 + len(ids)] if T + len(ids) <= len(c.logp) else None
             best = None if row is None else int(row.argmax())
             if best is not None and best not in stop_ids and (row[best] - row[list(stop_ids)].max()).item() > bar:
