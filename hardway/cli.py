@@ -25,6 +25,10 @@ def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
 
 
 def cmd_verify(args) -> int:
+    if args.server is not None:
+        return cmd_verify_server(args)
+    if args.reference is not None or args.prompts is not None:
+        raise ValueError("--reference and --prompts go with --server URL")
     # Imported here, not at the top: the ritual needs transformers, which takes four times as long to import as
     # the rest of hardway, and `hardway generate` (or a mistyped flag) should not wait for it.
     from hardway.verify import DEFAULT_PROMPT, format_report, run_ritual
@@ -37,6 +41,27 @@ def cmd_verify(args) -> int:
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
     failed = [c.name for c in checks if not c.passed]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
+    return 1 if failed else 0
+
+
+def cmd_verify_server(args) -> int:
+    """`hardway verify --server URL --model NAME --reference FOLDER` (lesson 18): the ritual against a running
+    OpenAI-compatible server, the folder's model computed here by transformers as the reference."""
+    if args.reference is None:
+        raise ValueError("--server needs --reference FOLDER: the checkpoint the server should be computing")
+    if not 0 <= args.top_logprobs <= 20 or args.new_tokens < 1:
+        raise ValueError("--top-logprobs must be in 0..20 and --new-tokens at least 1")
+    server = resolve("hardway.verify_server:Server")(args.server, args.model)
+    server.check()  # an unreachable server: one line now, before the reference loads
+    prompts = resolve("hardway.verify_server:read_prompts")(args.prompts)
+    reference = resolve("hardway.verify_server:Reference")(args.reference, device=args.device or "cpu")
+    format_report = resolve("hardway.verify:format_report")
+    checks = resolve("hardway.verify_server:run_server_ritual")(
+        server, reference, prompts, new_tokens=args.new_tokens, top_k=args.top_logprobs,
+        dtype=DTYPE_NAMES[args.dtype or "float32"], text_file=args.text, max_eval_tokens=args.max_eval_tokens or 1024)
+    print(format_report(checks), flush=True)
+    failed = [c.name for c in checks if not c.passed and not c.skipped]
+    print("FAILED: " + ", ".join(failed) if failed else "all checks that could run passed")
     return 1 if failed else 0
 
 
@@ -181,6 +206,12 @@ def main(argv=None) -> int:
     v.add_argument("--out", default=None, help="folder for the plots (default: artifacts/verify in the repository)")
     v.add_argument("--compile", action="store_true",
                    help="check the greedy tokens of the compiled decode step (lesson 12) instead of the eager one")
+    v.add_argument("--server", default=None, metavar="URL", help="verify a running OpenAI-compatible server instead "
+                   "(lesson 18); --model is then the name it serves, --dtype the dtype it computes in (default float32)")
+    v.add_argument("--reference", default=None, metavar="FOLDER",
+                   help="with --server: the checkpoint folder (or hub id) the server should be computing")
+    v.add_argument("--prompts", default=None, metavar="FILE", help="with --server: prompts, one per line")
+    v.add_argument("--top-logprobs", type=int, default=5, help="with --server: alternatives checked per token")
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("--max-new-tokens", type=int, default=100)
     sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -25,13 +25,14 @@ import uuid
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
+import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hardway.chat import ChatTemplate, ChatTemplateError
-from hardway.serving import Engine, Event, SamplingParams, Sequence
+from hardway.serving import Engine, Event, SamplingParams, Sequence, TokenLogprobs, token_logprobs
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt the context holds
 BODY_TIMEOUT_S = 30.0     # a body still incomplete after this long is answered 408, so a stalled client holds nothing
@@ -73,6 +74,25 @@ class Pending:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # Events, then an Ended if it did not finish
     seq: Sequence | None = None
+    prompt_logprobs: int | None = None  # echo with logprobs: the k most likely beside each prompt token's own
+    prompt_entries: list[TokenLogprobs | None] | None = None  # filled by the engine thread (prompt_logprobs)
+
+
+PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the logits held at once are (256, V)
+
+
+@torch.inference_mode()
+def prompt_logprobs(model, ids: list[int], k: int) -> list[TokenLogprobs | None]:
+    """Each prompt token's log-probability given the tokens before it, with the k most likely there: what `echo`
+    with `logprobs` returns (None for the first token, which nothing predicts). One teacher-forced pass over the
+    prompt through lesson 08's KV cache, PROMPT_CHUNK positions at a time; the engine's own prefill stays as it is."""
+    device = next(model.parameters()).device
+    cache, out = model.new_kv_cache(1, len(ids)), [None]
+    for lo in range(0, len(ids) - 1, PROMPT_CHUNK):  # the last prompt position predicts the first new token
+        chunk = ids[lo:min(lo + PROMPT_CHUNK, len(ids) - 1)]
+        logits = model(torch.tensor([chunk], device=device), kv_cache=cache, start_pos=lo)[0]  # (T, V)
+        out += token_logprobs(logits, ids[lo + 1:lo + 1 + len(chunk)], k)  # position i predicts token i + 1
+    return out
 
 
 class EngineThread:
@@ -158,9 +178,16 @@ class EngineThread:
             block = False
             if kind == "add":
                 try:  # checked by the handler first; the engine checks again, and one bad request stays one
+                    if request.prompt_logprobs is not None:  # echo: one pass over the prompt here, in this thread
+                        request.prompt_entries = prompt_logprobs(self.engine.model, request.prompt_ids,
+                                                                 request.prompt_logprobs)
                     request.seq = self.engine.add(request.prompt_ids, request.params)
                 except ValueError as e:
                     self._deliver(request, Ended(400, str(e)))
+                    continue
+                except Exception as e:  # noqa: BLE001 - the prompt's pass failed: this request alone
+                    log.error("the prompt log-probabilities failed: %s: %s", type(e).__name__, e)
+                    self._deliver(request, Ended(500, f"the prompt's log-probabilities failed: {type(e).__name__}: {e}"))
                     continue
                 self.pending[request.seq.id] = request
             elif request.seq is not None and request.seq.id in self.pending:  # abort: the client went away
@@ -219,9 +246,40 @@ def _number(body: dict, name: str, default, low=None, high=None, low_open=False,
 
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 # OpenAI fields this server does not compute -> the value that asks for nothing. Anything else is refused with a
-# 400 naming the field: a client that asks for log probabilities and gets none would be answered wrongly, silently.
-NOT_COMPUTED = {"logprobs": False, "top_logprobs": 0, "echo": False, "best_of": 1, "suffix": "", "logit_bias": {},
-                "presence_penalty": 0, "frequency_penalty": 0, "tools": [], "response_format": {"type": "text"}}
+# 400 naming the field: a client that asks for a penalty and gets none would be answered wrongly, silently.
+NOT_COMPUTED = {"best_of": 1, "suffix": "", "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0,
+                "tools": [], "response_format": {"type": "text"}}
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for beside each token (OpenAI's chat limit, vLLM's default)
+
+
+def logprobs_asked(body: dict, chat: bool) -> int | None:
+    """None when the request wants no log-probabilities, else k: each token's own, and the k most likely beside it.
+    /v1/completions asks with `logprobs`: k; /v1/chat/completions with `logprobs`: true and `top_logprobs`: k."""
+    if not chat:
+        return None if body.get("logprobs") is False else _number(body, "logprobs", None, low=0, high=MAX_LOGPROBS,
+                                                                   integer=True)
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise APIError(400, f"'logprobs' must be true or false on /v1/chat/completions, got {wanted!r}", "logprobs")
+    top = _number(body, "top_logprobs", None, low=0, high=MAX_LOGPROBS, integer=True)
+    if top is not None and not wanted:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def echo_asked(body: dict, chat: bool) -> bool:
+    """`echo` (/v1/completions only): the answer's text, and its log-probabilities if asked, start with the prompt."""
+    echo = body.get("echo", False)
+    if echo is None or echo is False:
+        return False
+    if not isinstance(echo, bool):
+        raise APIError(400, f"'echo' must be true or false, got {json.dumps(echo)[:40]}", "echo")
+    if chat:
+        raise APIError(400, "'echo' is supported on /v1/completions only", "echo", "unsupported_parameter")
+    if body.get("stream") is True:
+        raise APIError(400, "'echo' with 'stream' is not supported: ask without streaming", "echo",
+                       "unsupported_parameter")
+    return True
 
 
 def refuse_unsupported(body: dict) -> None:
@@ -261,7 +319,7 @@ def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
         raise APIError(400, "'stop' must be a non-empty string or a list of up to 4 of them", "stop")
     return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), seed=seed,
-                          stop=stop, stop_token_ids=eos_ids)
+                          stop=stop, stop_token_ids=eos_ids, logprobs=logprobs_asked(body, chat="messages" in body))
 
 
 def prompt_ids(prompt, engine: Engine) -> list[int]:
@@ -413,7 +471,8 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         check_model(body)
         ids = prompt_ids(body.get("prompt"), engine)
         params = sampling_params(body, len(ids), engine, None, default_max_tokens=16)  # OpenAI's default: 16
-        return await respond(request, body, ids, params, chat=False)
+        echo = echo_asked(body, chat=False)
+        return await respond(request, body, ids, params, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -428,25 +487,76 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         except ChatTemplateError as e:
             raise APIError(400, f"'messages': {e}", "messages") from None
         params = sampling_params(body, len(ids), engine, chat.end_of_turn_ids(), default_max_tokens=None)
-        return await respond(request, body, ids, params, chat=True)
+        echo_asked(body, chat=True)  # refused here
+        return await respond(request, body, ids, params, chat=True, echo=False)
 
-    async def respond(request: Request, body: dict, ids: list[int], params: SamplingParams, chat: bool):
+    def token_name(token: int, as_id: bool) -> str:
+        """A token as the logprobs fields spell it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""
+        return f"token_id:{token}" if as_id else engine.tokenizer.decoder[token].decode("utf-8", errors="replace")
+
+    def completion_logprobs(pairs: list[tuple[int, TokenLogprobs | None]], as_id: bool, offset: int = 0) -> dict:
+        """OpenAI's completions `logprobs` for (token, its TokenLogprobs or None) pairs: tokens, token_logprobs,
+        top_logprobs ({token: logprob}, the chosen one always included, as OpenAI's), text_offset."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, entry in pairs:
+            name = token_name(token, as_id)
+            out["tokens"].append(name)
+            out["text_offset"].append(offset)
+            offset += len(token_name(token, False))
+            out["token_logprobs"].append(None if entry is None else entry.logprob)
+            top = None if entry is None else {token_name(t, as_id): lp for t, lp in entry.top}
+            if top is not None:
+                top.setdefault(name, entry.logprob)
+            out["top_logprobs"].append(top)
+        return out
+
+    def chat_logprobs(entries: list[TokenLogprobs], as_id: bool) -> dict:
+        """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+        def one(token: int, logprob: float) -> dict:
+            return {"token": token_name(token, as_id), "logprob": logprob, "bytes": list(engine.tokenizer.decoder[token])}
+        return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+                            for e in entries]}
+
+    async def respond(request: Request, body: dict, ids: list[int], params: SamplingParams, chat: bool, echo: bool):
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise APIError(400, "'stream' must be true or false", "stream")
         options = body.get("stream_options") or {}
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-        pending = Pending(ids, params, asyncio.get_running_loop())
+        as_id = body.get("return_tokens_as_token_ids") is True  # vLLM's: tokens spelled "token_id:N"
+        with_ids = body.get("return_token_ids") is True         # vLLM's: prompt_token_ids and token_ids
+        pending = Pending(ids, params, asyncio.get_running_loop(),
+                          prompt_logprobs=params.logprobs if echo and params.logprobs is not None else None)
         worker.submit(pending)  # 503 once the server is shutting down
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
+        prompt_text = engine.tokenizer.decode(ids) if echo else ""
+        sent = [0]  # output tokens whose logprobs and ids went out already (a stream sends them as they come)
+        first = [True]  # a stream sends the prompt's ids in its first chunk only
 
-        def choice(text: str, finish: str | None, delta: bool) -> dict:
+        def choice(text: str, finish: str | None, delta: bool, seq: Sequence | None = None) -> dict:
+            logprobs, new = None, []
+            if seq is not None:
+                n = len(seq.output_ids)  # an EOS that ended the sequence is not part of the answer, nor here
+                new, entries, sent[0] = seq.output_ids[sent[0]:n], seq.logprobs[sent[0]:n], n
+                if params.logprobs is not None:
+                    if chat:
+                        logprobs = chat_logprobs(entries, as_id)
+                    else:
+                        pairs = list(zip(ids, pending.prompt_entries)) if echo else []
+                        logprobs = completion_logprobs(pairs + [(e.token, e) for e in entries], as_id)
             if not chat:
-                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                out = {"index": 0, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish}
+                if with_ids:
+                    out.update(prompt_token_ids=ids if first[0] else None, token_ids=new)
+                    first[0] = False
+                return out
             key, message = ("delta", {"content": text}) if delta else ("message", {"role": "assistant", "content": text})
-            return {"index": 0, key: message, "logprobs": None, "finish_reason": finish}
+            out = {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish}
+            if with_ids:
+                out["token_ids"] = new
+            return out
 
         def usage(seq: Sequence) -> dict:
             n = len(seq.output_ids)
@@ -463,9 +573,12 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                     return error_response(event.status, event.message)
                 text.append(event.text)
                 if event.finished:
-                    return {"id": rid, "object": kind, "created": created, "model": model_name,
-                            "choices": [choice("".join(text), event.seq.finish_reason, delta=False)],
-                            "usage": usage(event.seq)}
+                    answer = {"id": rid, "object": kind, "created": created, "model": model_name,
+                              "choices": [choice("".join(text), event.seq.finish_reason, False, event.seq)],
+                              "usage": usage(event.seq)}
+                    if chat and with_ids:
+                        answer["prompt_token_ids"] = ids  # vLLM puts the chat prompt's ids beside the choices
+                    return answer
 
         chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -491,7 +604,7 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                         return
                     if event.text or event.finished:
                         finish = event.seq.finish_reason if event.finished else None
-                        yield sse({**head, "choices": [choice(event.text, finish, delta=True)]})
+                        yield sse({**head, "choices": [choice(event.text, finish, True, event.seq)]})
                     if event.finished:
                         done = True
                         if include_usage:

@@ -169,6 +169,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first one
     stop_token_ids: list[int] | None = None        # None = the model's EOS ids
+    logprobs: int | None = None    # None: no log-probabilities; k: each new token's, and the k most likely beside it
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -197,6 +198,7 @@ class Sequence:
     n_preemptions: int = 0
     generator: torch.Generator | None = None
     detokenizer: Detokenizer | None = None  # the output processor's: bytes of half a character wait here
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token picked (an EOS too), if asked
 
     @property
     def tokens(self) -> list[int]:
@@ -215,6 +217,35 @@ class Event:
     seq: Sequence
     text: str
     finished: bool
+
+
+@dataclass
+class TokenLogprobs:
+    """A picked token's log-probability under the model (before temperature or top-p), and the k most likely."""
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, log-probability), most likely first
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
+    """logits (B, V) of the rows that picked `tokens` (B,) -> each token's TokenLogprobs with the k most likely, in
+    fp32 whatever the model's dtype: the log-softmax of a half-precision row would round away what a caller checks."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None])[:, 0].tolist()  # (B,)
+    top_lp, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())  # each (B, k)
+    return [TokenLogprobs(t, lp, list(zip(ids, lps))) for t, lp, ids, lps in
+            zip(tokens, chosen, top_ids.tolist(), top_lp.tolist())]
+
+
+def record_logprobs(seqs: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> None:
+    """Append to each sequence that asked for them (params.logprobs) its picked token's TokenLogprobs. The engine
+    calls this once per step with the batch's logits (B, V), right after it picks the tokens."""
+    asked = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+    if asked:
+        k = max(seqs[i].params.logprobs for i in asked)
+        for i, entry in zip(asked, token_logprobs(logits[asked], [tokens[i] for i in asked], k)):
+            entry.top = entry.top[:seqs[i].params.logprobs]
+            seqs[i].logprobs.append(entry)
 
 
 class Scheduler:
@@ -675,6 +706,7 @@ class Engine:
         logits = self.runner.forward(seqs, n_new)  # (B, V)
         done = [i for i, (s, n) in enumerate(zip(seqs, n_new)) if n == s.n_uncomputed]  # every token computed
         tokens = self.runner.sample([seqs[i] for i in done], logits[done])
+        record_logprobs([seqs[i] for i in done], logits[done], tokens)  # only those that asked (lesson 18)
         for s, n in zip(seqs, n_new):
             s.n_cached += n
         out: list[int | None] = [None] * len(seqs)

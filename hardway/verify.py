@@ -69,6 +69,7 @@ class Check:
     passed: bool
     measured: str
     target: str
+    skipped: bool = False  # could not be run (e.g. a server that does not offer what it needs): neither pass nor fail
 
 
 def load_reference(folder, device="cpu", dtype=torch.float32):
@@ -392,5 +393,5 @@ def format_report(checks: list[Check]) -> str:
     width = max(len(c.name) for c in checks)
     lines = [f"{'check':{width}}  result  measured  (passes if)"]
     for c in checks:
-        lines.append(f"{c.name:{width}}  {'PASS' if c.passed else 'FAIL':6}  {c.measured}  ({c.target})")
+        lines.append(f"{c.name:{width}}  {'SKIP' if c.skipped else 'PASS' if c.passed else 'FAIL':6}  {c.measured}  ({c.target})")
     return "\n".join(lines)
