@@ -157,3 +157,31 @@ def test_a_matrix_stored_column_by_column_quantizes_to_contiguous_integers(bits,
     x = torch.randn(1, 1, 64)
     with torch.no_grad():
         assert torch.allclose(layer.use_kernel()(x), F.linear(x, layer.dequantized_weight(), linear.bias), atol=1e-4)
+
+
+def test_int8_per_row_agrees_with_torchaos_int8_weight_only(real):
+    """torchao's Int8WeightOnlyConfig (one scale a row, symmetric) as the reference for our int8 numerics. Its scale
+    is max |w| / 127.5 over the levels -128..127 and ours max |w| / 127 over -127..127, so the two differ by that
+    ratio, the integers by at most one level, and the products by as little as the rounding of each."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from hardway.gguf import dequantize
+
+    w = dequantize(read_gguf(real), "blk.3.ffn_down.weight").reshape(576, 1536)  # (out, in): a real matrix
+    linear = nn.Linear(1536, 576, bias=False)
+    linear.weight.data = w.clone()
+    ours = QuantizedLinear.from_linear(linear, 8)
+    theirs = nn.Sequential(nn.Linear(1536, 576, bias=False))
+    theirs[0].weight.data = w.clone()
+    quantize_(theirs, Int8WeightOnlyConfig())
+    t = theirs[0].weight  # torchao's Int8Tensor: qdata (out, in) int8, scale (out, 1)
+    ratio = ours.scales.float()[:, 0] / t.scale.float().reshape(-1)  # (out,)
+    assert torch.allclose(ratio, torch.full_like(ratio, 127.5 / 127), rtol=1e-3)  # fp16's rounding of our scale
+    assert (ours.q.int() - t.qdata.int()).abs().max() <= 1
+    x = torch.randn(4, 1536, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        exact = x @ w.T  # (4, 576)
+        err_ours = (ours(x) - exact).norm() / exact.norm()
+        err_theirs = (theirs(x) - exact).norm() / exact.norm()
+        assert (ours(x[:1]) - theirs(x[:1])).abs().max() < 0.02 * exact.abs().max()  # the one-row form too
+    assert err_ours < 0.01 and 0.8 < err_ours / err_theirs < 1.25, (err_ours, err_theirs)
