@@ -11,7 +11,7 @@ kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32 eager. B
 a fixed number of new tokens, a full-length warm-up, then interleaved repetitions (medians); the read bandwidth (a
 1 GiB sum) is sampled in the same rounds. Quantized formats may pick other tokens than fp32: the table says how many
 of the first new tokens agree. Perplexity: lesson 11's windows (512, stride 256) on the first --ppl-tokens tokens of
-the course's text, each format against fp32 (llama.cpp's formats are timed, not scored). `--llama-cpp-f32 GGUF`:
+the course's text, each format against fp32, llama.cpp's formats too (its logits on the same windows). `--llama-cpp-f32 GGUF`:
 an F32 GGUF of the same weights, which llama.cpp's own quantizer turns into a Q8_0 (and which it also times).
 """
 
@@ -57,6 +57,23 @@ def llama_cpp_q8_0(f32_gguf: str, out_dir: str, path: str | None) -> str:
         raise SystemExit(f"llama.cpp could not quantize {f32_gguf} to Q8_0")
     os.replace(partial, out)
     return str(out)
+
+
+def llama_cpp_logits(gguf: str, path: str | None, n_threads: int, n_ctx: int = 512):
+    """A function ids (1, T) -> logits (1, T, vocab) from llama.cpp on `gguf` (every position's logits kept), for
+    the same perplexity windows as ours. T at most n_ctx."""
+    if path:
+        sys.path.append(path)  # at the end: this environment's numpy and torch stay first
+    import llama_cpp
+
+    llm = llama_cpp.Llama(gguf, n_threads=n_threads, n_threads_batch=n_threads, n_ctx=n_ctx, n_batch=n_ctx,
+                          logits_all=True, verbose=False)
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        llm.reset()  # a fresh cache: each window is scored on its own, as ours are
+        llm.eval(ids[0].tolist())
+        return torch.tensor(llm.scores[:ids.shape[1]]).unsqueeze(0)  # (1, T, vocab)
+    return logits
 
 
 def main(argv=None) -> dict:
@@ -122,6 +139,8 @@ def main(argv=None) -> dict:
             run = llama_cpp_generate(file, args.llama_cpp_path, args.threads)
             fns[name] = (lambda r: lambda: r(ids, n))(run)
             sizes[name] = (Path(file).stat().st_size, None)
+            quality[name] = perplexity(window_nlls(llama_cpp_logits(file, args.llama_cpp_path, args.threads),
+                                                   corpus, 512, 256))
 
     read_buffer = torch.ones(2**30 // 4, dtype=torch.float32)  # 1 GiB: the read bandwidth in the same rounds
     times, outs = time_interleaved({**fns, "read": read_buffer.sum}, "cpu", args.reps)
@@ -133,7 +152,8 @@ def main(argv=None) -> dict:
     print(f"{MODEL} from {gguf_path.name}; CPU, {torch.get_num_threads()} threads, load average {loadavg}; "
           f"read bandwidth (a 1 GiB sum, same rounds) {read_bw / 1e9:.1f} GB/s")
     print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up; "
-          f"perplexity on {len(corpus)} tokens of the course text")
+          f"perplexity on {len(corpus)} tokens of the course text (windows of 512, stride 256), llama.cpp's on the "
+          f"same windows; every hardway row decodes with lesson 12's compiled step unless its name says eager")
     print("| format | weights stored | read per token | decode tok/s | x fp32 | perplexity | vs fp32 | new tokens as fp32's |")
     print("|---|---|---|---|---|---|---|---|")
     for name in [n for n in formats if n not in tps]:  # scored, not timed

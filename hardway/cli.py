@@ -101,7 +101,8 @@ def cmd_generate(args) -> int:
     sampling = _sampling(args, device)
     k = _speculation(args)
     with contextlib.redirect_stdout(sys.stderr):  # whatever loading says (a stand-in's banner) is not the output
-        folder = checkpoint(args.model)
+        # a .gguf file (lesson 16) is its own checkpoint: load and load_tokenizer read it
+        folder = args.model if args.model.endswith(".gguf") else checkpoint(args.model)
         tokenizer = load_tokenizer(folder)
         stop = {}  # generate's default: the model's EOS ids
         if args.chat:  # no chat template: an error, before the weights load

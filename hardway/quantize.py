@@ -21,13 +21,13 @@ class QuantizationError(ValueError):
 
 
 def check_group_size(in_features: int, group_size: int | None, bits: int = 8) -> int:
-    """The group size in columns (None: the whole row). It must divide the row; for 4 bits it must also be a
-    multiple of 8 (eight nibbles fill the 32-bit words the decode loop reads)."""
+    """The group size in columns (None: the whole row). It must divide the row; for 4 bits it must also be even
+    (a group's first half shares its bytes with its second half: see pack_nibbles)."""
     group = in_features if group_size is None else group_size
-    multiple = 8 if bits == 4 else 1
+    multiple = 2 if bits == 4 else 1
     if group <= 0 or group % multiple or in_features % group:
         raise QuantizationError(f"group size {group_size} does not split rows of {in_features} weights into equal "
-                                f"groups{' of a multiple of 8' if bits == 4 else ''} (try 32 or 64)")
+                                f"groups{' of an even size' if bits == 4 else ''} (try 32 or 64)")
     return group
 
 
@@ -53,16 +53,19 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return w.reshape(out_features, in_features)
 
 
-def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """(out, in) values 0..15 -> (out, in / 2) uint8: column 2j in the low four bits of byte j, 2j + 1 in the high.
-    Read as little-endian 32-bit words, nibble k (bits 4k..4k+3) of word i is then column 8i + k."""
-    q = q.to(torch.uint8)
-    return q[:, 0::2] | (q[:, 1::2] << 4)
+def pack_nibbles(q: torch.Tensor, group_size: int = 32) -> torch.Tensor:
+    """(out, in) values 0..15 -> (out, in / 2) uint8, GGUF's Q4 order: in each group of `group_size` columns, byte j
+    holds column j in its low four bits and column j + group_size / 2 in its high four. So the low halves of a
+    group's bytes are its first half of columns, in order, and the high halves its second half."""
+    out_features, in_features = q.shape
+    q = q.to(torch.uint8).reshape(out_features, in_features // group_size, 2, group_size // 2)  # (out, groups, 2, half)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(out_features, in_features // 2)
 
 
-def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+def unpack_nibbles(packed: torch.Tensor, group_size: int = 32) -> torch.Tensor:
     """(out, in / 2) uint8 -> (out, in) uint8 values 0..15: pack_nibbles undone."""
-    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)  # (out, in / 2, 2) -> (out, in)
+    p = packed.reshape(packed.shape[0], -1, group_size // 2)  # (out, groups, half)
+    return torch.cat([p & 0x0F, p >> 4], dim=-1).reshape(packed.shape[0], -1)  # (out, groups, group) -> (out, in)
 
 
 def quantize_int4(w: torch.Tensor, group_size: int = 32):
@@ -76,39 +79,42 @@ def quantize_int4(w: torch.Tensor, group_size: int = 32):
     scales, mins = ((hi - lo) / 15).to(SCALE_DTYPE), lo.to(SCALE_DTYPE)
     d, m = scales.float().unsqueeze(-1), mins.float().unsqueeze(-1)  # (out, groups, 1), as stored
     q = torch.where(d > 0, (wg - m) / d, 0).round().clamp(0, 15)  # a constant group: scale 0, every q 0
-    return pack_nibbles(q.reshape(out_features, in_features)), scales, mins
+    return pack_nibbles(q.reshape(out_features, in_features), group), scales, mins
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """packed (out, in / 2), scales and mins (out, groups) -> w fp32 (out, in): w = d * q + m."""
-    q = unpack_nibbles(packed)  # (out, in)
-    out_features, in_features = q.shape
-    groups = scales.shape[1]
+    out_features, groups = scales.shape
+    q = unpack_nibbles(packed, 2 * packed.shape[1] // groups)  # (out, in)
+    in_features = q.shape[1]
     w = (q.float().reshape(out_features, groups, in_features // groups) * scales.float().unsqueeze(-1)
          + mins.float().unsqueeze(-1))  # (out, groups, group)
     return w.reshape(out_features, in_features)
 
 
 def matvec_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x (in,) times an int8 matrix -> (out,), without an fp32 copy of the matrix: each group's dot product with the
-    integers, then one multiply by its scale. Compiled, this is one loop that reads each int8 weight once."""
+    """x (in,) times an int8 matrix -> (out,), without an fp32 copy of the matrix. One scale a row: the row's dot
+    product with the integers, times it. In groups: each weight times its group's scale inside one sum over the
+    row (no sum per group). Compiled, either is one loop that reads each int8 weight once."""
     out_features, in_features = q.shape
     groups = scales.shape[1]
-    dots = (q.float().reshape(out_features, groups, -1) * x.reshape(groups, -1)).sum(-1)  # (out, groups)
-    return (dots * scales.float()).sum(-1)  # (out,)
+    if groups == 1:
+        return (q.float() * x).sum(-1) * scales[:, 0].float()  # (out,)
+    w = q.float().reshape(out_features, groups, -1) * scales.float().unsqueeze(-1)  # (out, groups, group)
+    return (w * x.reshape(groups, -1)).sum((-1, -2))  # (out,)
 
 
 def matvec_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """x (in,) times an int4 matrix -> (out,): sum over a group of x * (d q + m) = d (x . q) + m (sum of x). The
-    nibbles are read as 32-bit words, eight weights each (pack_nibbles' order), which a CPU shifts eight at a time."""
+    """x (in,) times an int4 matrix -> (out,): every weight dequantized inside one sum over the row, d q + m, the low
+    nibbles of a group's bytes against the first half of its x and the high nibbles against the second half
+    (pack_nibbles' order): each a contiguous run of group / 2 weights, which a CPU multiplies 16 at a time."""
     out_features, groups = scales.shape
-    in_features = 2 * packed.shape[1]
-    words = packed.view(torch.int32).reshape(out_features, groups, -1)  # (out, groups, group / 8)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)  # (8,)
-    q = ((words.unsqueeze(-1) >> shifts) & 0x0F).float()  # (out, groups, group / 8, 8): columns in order
-    xg = x.reshape(groups, -1, 8)  # (groups, group / 8, 8)
-    dots = (q * xg).sum((-1, -2))  # (out, groups)
-    return (dots * scales.float()).sum(-1) + (mins.float() * xg.sum((-1, -2))).sum(-1)  # (out,)
+    p = packed.reshape(out_features, groups, -1)  # (out, groups, group / 2)
+    xg = x.reshape(groups, 2, -1)  # (groups, 2, group / 2): each group's first and second half
+    d, m = scales.float().unsqueeze(-1), mins.float().unsqueeze(-1)  # (out, groups, 1)
+    low = (p & 0x0F).float() * d + m  # (out, groups, group / 2): columns j of each group
+    high = (p >> 4).float() * d + m  # columns j + group / 2
+    return (low * xg[:, 0] + high * xg[:, 1]).sum((-1, -2))  # (out,)
 
 
 class QuantizedLinear(nn.Module):
@@ -164,7 +170,7 @@ class QuantizedLinear(nn.Module):
                 raise QuantizationError("torch's int8 weight-only kernel takes one scale a row: group_size=None")
             self.kernel = (aten._weight_int8pack_mm, self.q, self.scales[:, 0].float())
         else:
-            q = unpack_nibbles(self.q).to(torch.int32)  # (out, in), 0..15
+            q = unpack_nibbles(self.q, self.group_size).to(torch.int32)  # (out, in), 0..15
             packed = aten._convert_weight_to_int4pack_for_cpu(q, 2)  # its own layout, (out, in / 2) uint8
             d, m = self.scales.float(), self.mins.float()  # (out, groups)
             # torch's int4 kernel computes w = (q - 8) * d + zero, so zero = m + 8 d gives Q4_1's d * q + m
@@ -234,9 +240,8 @@ def gguf_blocks(raw: torch.Tensor, type_name: str, shape: tuple[int, int]):
         blocks = raw.reshape(-1, 20)  # (n_blocks, 20): fp16 d, fp16 m, 16 bytes of nibbles
         scales = blocks[:, 0:2].contiguous().view(SCALE_DTYPE).reshape(out_features, -1)  # (out, in / 32)
         mins = blocks[:, 2:4].contiguous().view(SCALE_DTYPE).reshape(out_features, -1)
-        nibbles = blocks[:, 4:]  # (n_blocks, 16): weight j low, weight j + 16 high
-        q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=1).reshape(out_features, in_features)  # (out, in) 0..15
-        return pack_nibbles(q), scales, mins
+        nibbles = blocks[:, 4:]  # (n_blocks, 16): weight j low, weight j + 16 high, pack_nibbles' order already
+        return nibbles.contiguous().reshape(out_features, in_features // 2), scales, mins
     raise QuantizationError(f"{type_name} blocks are not kept quantized; only Q8_0 and Q4_1 are")
 
 

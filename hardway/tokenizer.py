@@ -4,11 +4,19 @@
 from pathlib import Path
 
 from hardway.bpe import BPETokenizer, GPT2Tokenizer
+from hardway.loading import resolve
+
+GGUF_TOKENIZER = "hardway.gguf:gguf_tokenizer"  # lesson 16's reader of a GGUF's own tokenizer, reached by name
 
 
 def load_tokenizer(folder):
-    """tokenizer.json (Llama 3, SmolLM2, Qwen2.5, and GPT-2's hub repo) when present, else vocab.json + merges.txt."""
+    """tokenizer.json (Llama 3, SmolLM2, Qwen2.5, and GPT-2's hub repo) when present, else vocab.json + merges.txt.
+    A `.gguf` file (lesson 16): the tokenizer of the folder beside it when there is one, else its metadata's."""
     folder = Path(folder)
+    if folder.suffix == ".gguf" and folder.is_file():
+        beside = folder.parent
+        has_files = (beside / "tokenizer.json").exists() or (beside / "vocab.json").exists()
+        return load_tokenizer(beside) if has_files else resolve(GGUF_TOKENIZER)(folder)
     if (folder / "tokenizer.json").exists():
         return BPETokenizer.from_tokenizer_json(folder / "tokenizer.json")
     if (folder / "vocab.json").exists() and (folder / "merges.txt").exists():

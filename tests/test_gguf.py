@@ -199,3 +199,33 @@ def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused(tmp_path):
     path = write_small(tmp_path / "spm.gguf", **{"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING)})
     with pytest.raises(GGUFError, match="only 'gpt2'"):
         gguf_tokenizer(path)
+
+
+def test_load_tokenizer_reads_a_gguf_alone_from_its_metadata(real):
+    from hardway.bpe import GPT2Tokenizer
+    from hardway.gguf import gguf_tokenizer
+    from hardway.hub import checkpoint
+    from hardway.tokenizer import load_tokenizer
+
+    assert not (real.parent / "tokenizer.json").exists()  # nothing beside the file
+    text = "<|im_start|>user\nHello, world<|im_end|>"
+    assert load_tokenizer(real).encode(text) == gguf_tokenizer(real).encode(text)
+    gpt2 = checkpoint("openai-community/gpt2")  # a folder beside the file wins over the metadata
+    beside = real.parent.parent / "with_folder"
+    beside.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (beside / name).write_bytes((gpt2 / name).read_bytes())
+    (beside / real.name).symlink_to(real)
+    assert isinstance(load_tokenizer(beside / real.name), GPT2Tokenizer)
+
+
+def test_hardway_generate_runs_a_gguf_file(real, capsys):
+    import hardway
+    from hardway.cli import main
+    from hardway.gguf import gguf_tokenizer
+
+    assert main(["generate", "--model", str(real), "The capital of France is", "--max-new-tokens", "6"]) == 0
+    tokenizer = gguf_tokenizer(real)
+    ids = torch.tensor([tokenizer.encode("The capital of France is")])  # (1, T)
+    expected = hardway.generate(hardway.load(real), ids, max_new_tokens=6)[0, ids.shape[1]:]  # greedy
+    assert capsys.readouterr().out.strip() == tokenizer.decode(expected.tolist()).strip()
