@@ -404,7 +404,10 @@ def test_ctrl_c_during_generate_keeps_the_text_and_exits_130_without_a_traceback
     folder = checkpoint(GPT2_STANDIN)  # GPT-2's real size: 1000 new tokens take long enough to interrupt
     process = subprocess.Popen([str(HARDWAY_EXE), "generate", "--model", str(folder), "--device", "cpu",
                                 "--max-new-tokens", "1000", "Once upon a time"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               # SIGINT as in a terminal, even when this runner inherited it ignored (a shell's
+                               # background job): an ignored signal stays ignored across exec
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = os.read(process.stdout.fileno(), 4096)  # blocks until the first streamed text arrives
         assert first, process.stderr.read().decode()

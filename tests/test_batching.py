@@ -175,6 +175,9 @@ class Terminal:
     def __init__(self, argv):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: its stdin/stdout/stderr are the terminal
+            # A test runner started in the background by a shell inherits SIGINT ignored, and an ignored signal stays
+            # ignored across exec: Python then never raises KeyboardInterrupt. Ctrl-C must act as in a terminal.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execvpe(argv[0], argv, {**os.environ, "PYTHONUNBUFFERED": "1"})
         self.text = ""
 
