@@ -12,7 +12,12 @@ from hardway.errors import check_int  # lesson 03
 from hardway.loading import CausalLM, eos_token_list  # lesson 06: the model contract, the one EOS normalisation
 from hardway.sampling import GREEDY, SamplingConfig, sample_next_token  # lesson 07
 
-_MODEL_EOS = object()  # default of `eos_token_id`: use model.eos_token_ids
+MODEL_EOS = object()  # default of `eos_token_id`: use model.eos_token_ids
+
+
+def stop_ids(model: CausalLM, eos_token_id=MODEL_EOS) -> list[int]:
+    """The token ids that end a row: `model.eos_token_ids` for the default, none for None, else the id(s) given."""
+    return model.eos_token_ids if eos_token_id is MODEL_EOS else eos_token_list(eos_token_id)
 
 
 def check_attention_mask(input_ids: torch.Tensor, attention_mask) -> torch.Tensor:
@@ -91,7 +96,7 @@ class Decoder:
 
 @torch.inference_mode()
 def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY,
-             *, eos_token_id=_MODEL_EOS, generator: torch.Generator | None = None,
+             *, eos_token_id=MODEL_EOS, generator: torch.Generator | None = None,
              on_token: Callable[[torch.Tensor], None] | None = None, attention_mask: torch.Tensor | None = None,
              decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None
              ) -> torch.Tensor:
@@ -128,7 +133,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     if decoder is not None and (decoder.kv_cache.batch_size != B or decoder.kv_cache.max_len < T + max_new_tokens):
         raise ValueError(f"the decoder's cache holds batch {decoder.kv_cache.batch_size} x {decoder.kv_cache.max_len} "
                          f"positions; this call needs batch {B} x {T + max_new_tokens}")
-    eos = model.eos_token_ids if eos_token_id is _MODEL_EOS else eos_token_list(eos_token_id)
+    eos = stop_ids(model, eos_token_id)
     eos_ids = torch.tensor(eos, dtype=torch.long, device=input_ids.device)  # (n_eos,)
     processors = sampling.processors()
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from hardway.errors import check_int  # lesson 03
-from hardway.generation import _MODEL_EOS, check_prompt, prefill  # lesson 08
-from hardway.loading import CausalLM, eos_token_list  # lesson 06
+from hardway.generation import MODEL_EOS, check_prompt, prefill, stop_ids  # lesson 08
+from hardway.loading import CausalLM  # lesson 06
 from hardway.quantize import quantize_linears  # lesson 16
 from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
 
@@ -77,7 +77,7 @@ class SpeculationStats:
 
 @torch.inference_mode()
 def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Drafter, k: int = 4,
-                         max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY, *, eos_token_id=_MODEL_EOS,
+                         max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY, *, eos_token_id=MODEL_EOS,
                          generator: torch.Generator | None = None, on_token=None,
                          stats: SpeculationStats | None = None, greedy_rule=accept_greedy) -> torch.Tensor:
     """lesson 08's `generate(model, input_ids, max_new_tokens, sampling, ...)` for one prompt, input_ids (1, T), with
@@ -92,7 +92,7 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
                          f" each row would keep a different number of guesses")
     if not isinstance(sampling, SamplingConfig):
         raise ValueError(f"sampling must be a hardway.sampling.SamplingConfig, got {type(sampling).__name__}")
-    eos = set(model.eos_token_ids if eos_token_id is _MODEL_EOS else eos_token_list(eos_token_id))
+    eos = set(stop_ids(model, eos_token_id))
     processors = sampling.processors()
     end = T + max_new_tokens
     kv_cache = model.new_kv_cache(1, end)  # a step never writes past the position of the last token
