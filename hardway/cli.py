@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     v = sub.add_parser("verify", parents=[common], help="the verification ritual against transformers")
     v.add_argument("--prompt", default=None, help="default: hardway.verify.DEFAULT_PROMPT")
     v.add_argument("--new-tokens", type=int, default=50)
-    v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length (default: all on CUDA, 2048 on CPU)")
+    v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length in tokens (default: all on CUDA, 2048 on CPU, 1024 with --server)")
     v.add_argument("--text", default=None, metavar="FILE",
                    help="a local UTF-8 text file for perplexity (default: WikiText-2, or the offline stand-in)")
     v.add_argument("--out", default=None, help="folder for the plots (default: artifacts/verify in the repository)")

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 NUMERICS = [  # every comparison against transformers or a rounding bound whose margin depends on the kernels
-    "tests/test_contract.py",
+    "tests/test_contract.py::test_every_architecture_meets_the_contract_in_a_fresh_interpreter",
     "tests/test_verify.py::test_half_precision_logits_are_held_to_transformers_own_distance_from_fp32",
     "tests/test_verify.py::test_the_fp32_stand_in_is_not_flagged_where_its_activations_grow",
     "tests/test_exercises_11.py::test_rounding_only_changes_rounding_by_a_stated_margin",
