@@ -454,8 +454,8 @@ class CompiledDecode:
         one_row_backend = backend
         if backend is None and 1 in self.batch_sizes and use_decode_layout(weight.device, weight.dtype):
             self.models[1], one_row_backend = lay_out_rows(copy.deepcopy(model)), cpu_decode_backend
-        self.graphs = {b: torch.compile(paged_decode_step, backend=(one_row_backend if b == 1 else backend) or "inductor",
-                                        fullgraph=True, dynamic=False)
+        backends = {b: (one_row_backend if b == 1 else backend) or "inductor" for b in self.batch_sizes}
+        self.graphs = {b: torch.compile(paged_decode_step, backend=backends[b], fullgraph=True, dynamic=False)
                        for b in self.batch_sizes}  # one torch.compile per size: each compiles its own graph once
 
     def padded_size(self, n_rows: int) -> int | None:
@@ -505,8 +505,8 @@ class ModelRunner:
         if onednn is None:
             onednn = onednn_linear_pays(self.device, self.cache.dtype)
         self.model = with_onednn_linears(model) if onednn else model
-        self.decode = (CompiledDecode(model, self.cache, compile_sizes, backend, rows_model=self.model if onednn else None)
-                       if compile_sizes else None)
+        rows_model = self.model if onednn else None  # the oneDNN twin: the compiled graphs of several rows use it
+        self.decode = CompiledDecode(model, self.cache, compile_sizes, backend, rows_model) if compile_sizes else None
 
     def map_slots(self, seq: Sequence, n_positions: int) -> None:
         """Fill in the pool slot of seq's positions up to n_positions, from its block table: only the positions new
