@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     s.add_argument("--compile", nargs="?", const="1", default=None, metavar="SIZES",
                    help="compile the decode steps of these batch sizes (default 1: one request alone, as fast as "
                         "lesson 12's compiled step) before serving: about a minute per size, and a copy of the "
-                        "weights; on a CPU larger batches run faster eagerly (lesson 14)")
+                        "weights of each; `benchmarks/serve.py --compile SIZES` measures which sizes pay on your CPU)")
     args = parser.parse_args(argv)
     commands = {"verify": cmd_verify, "generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     try:

@@ -375,6 +375,19 @@ class ScheduledBatch:
         self.n_new.append(n)
 
 
+@torch.library.custom_op("hardway::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """oneDNN's linear on a weight packed by `_reorder_linear_weight`, as one opaque op of our own, so that torch.compile
+    keeps calling oneDNN: it cannot look inside, and writes its fused code around it. (..., in) -> (..., out)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # no activation fused
+
+
+@onednn_linear.register_fake
+def _(x, packed, bias, out_features):
+    """What the compiler needs to know without computing: the shape, dtype and device of the result."""
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
 class OneDNNLinear(nn.Module):
     """An nn.Linear's weight and bias, computed by oneDNN (the library vLLM's CPU backend runs its linear layers on)
     instead of the BLAS torch calls by default (MKL on x86) whenever there is more than one row. The same sums in
@@ -384,7 +397,8 @@ class OneDNNLinear(nn.Module):
     oneDNN multiplies in a blocked layout of its own. Given a plain matrix, it reorders the whole weight into that
     layout at every call; so the weight is reordered once, here, into `packed` (a copy: the memory of the weight
     again), laid out for steps of `rows` rows, the fastest layout we measured for 4 to 64 rows. The copy is taken
-    now: a weight changed afterwards is not seen by the multi-row path."""
+    now: a weight changed afterwards is not seen by the multi-row path. Inside torch.compile the multi-row path is
+    the custom op `onednn_linear` (eagerly, the same call without the custom op's few microseconds of dispatch)."""
 
     def __init__(self, linear: nn.Linear, rows: int = 16):
         super().__init__()
@@ -394,6 +408,8 @@ class OneDNNLinear(nn.Module):
     def forward(self, x):  # (..., in) -> (..., out)
         if x.numel() == x.shape[-1]:  # one row
             return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():  # a graph being traced: keep oneDNN, as one op the compiler leaves alone
+            return onednn_linear(x, self.packed, self.bias, self.weight.shape[0])
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # no activation fused
 
 
@@ -424,16 +440,22 @@ class CompiledDecode:
     read only the pool's scratch slot. The number of positions S is a symbolic size in each graph (marked dynamic):
     it grows at every step, and one graph serves them all.
 
-    On a CPU in fp32 the graphs are lesson 12's: `cpu_decode_backend`, whose one-row matrix-vector products stream
+    On a CPU in fp32 the graph of one row is lesson 12's: `cpu_decode_backend`, whose matrix-vector products stream
     weights stored row by row, on a copy of the model laid out so (the memory of the weights again; the eager path
-    keeps its own layout). Compiling takes seconds to a minute per size: `compile_now` does it before any request."""
+    keeps its own layout). The graphs of several rows compile `rows_model` when given (the runner's twin whose linear
+    layers are OneDNNLinear): inductor fuses everything between the matrix products, which stay oneDNN's. Compiling
+    takes seconds to a minute per size: `compile_now` does it before any request."""
 
-    def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None):
+    def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None,
+                 rows_model: CausalLM | None = None):
+        self.cache, self.batch_sizes = cache, sorted(batch_sizes)
         weight = next(model.parameters())
-        if backend is None and use_decode_layout(weight.device, weight.dtype):
-            model, backend = lay_out_rows(copy.deepcopy(model)), cpu_decode_backend
-        self.model, self.cache, self.batch_sizes = model, cache, sorted(batch_sizes)
-        self.graphs = {b: torch.compile(paged_decode_step, backend=backend or "inductor", fullgraph=True, dynamic=False)
+        self.models = {b: model if b == 1 or rows_model is None else rows_model for b in self.batch_sizes}
+        one_row_backend = backend
+        if backend is None and 1 in self.batch_sizes and use_decode_layout(weight.device, weight.dtype):
+            self.models[1], one_row_backend = lay_out_rows(copy.deepcopy(model)), cpu_decode_backend
+        backends = {b: (one_row_backend if b == 1 else backend) or "inductor" for b in self.batch_sizes}
+        self.graphs = {b: torch.compile(paged_decode_step, backend=backends[b], fullgraph=True, dynamic=False)
                        for b in self.batch_sizes}  # one torch.compile per size: each compiles its own graph once
 
     def padded_size(self, n_rows: int) -> int | None:
@@ -451,7 +473,7 @@ class CompiledDecode:
             torch._dynamo.mark_dynamic(t, 1)  # S: symbolic, not a constant of the graph
         padded_ids = torch.zeros(size, 1, dtype=torch.long, device=self.cache.device)  # (size, 1): token 0 for padding
         padded_ids[:B] = input_ids
-        return self.graphs[size](self.model, padded_ids, mask, self.cache)[:B, -1]  # (B, V)
+        return self.graphs[size](self.models[size], padded_ids, mask, self.cache)[:B, -1]  # (B, V)
 
     def compile_now(self) -> None:
         """Compile every size now, on padding rows alone: they read and write the scratch slot only."""
@@ -482,8 +504,9 @@ class ModelRunner:
         self.block_size, self.device = block_size, self.cache.device
         if onednn is None:
             onednn = onednn_linear_pays(self.device, self.cache.dtype)
-        self.decode = CompiledDecode(model, self.cache, compile_sizes, backend) if compile_sizes else None
         self.model = with_onednn_linears(model) if onednn else model
+        rows_model = self.model if onednn else None  # the oneDNN twin: the compiled graphs of several rows use it
+        self.decode = CompiledDecode(model, self.cache, compile_sizes, backend, rows_model) if compile_sizes else None
 
     def map_slots(self, seq: Sequence, n_positions: int) -> None:
         """Fill in the pool slot of seq's positions up to n_positions, from its block table: only the positions new

@@ -442,3 +442,20 @@ def test_compiled_decode_with_the_cpu_backend_equals_generate(tiny_llama):
     assert {(4, 3), (4, 2), (1, 1)} <= set(calls), f"batches run: {sorted(set(calls))}"
     assert [p.stride() for p in model.parameters()] == strides, "the compiled copy's layout leaked into the model"
     assert sorted(engine.blocks.free_blocks) == list(range(16))
+
+
+def test_compiled_decode_of_several_rows_keeps_onednn(tiny_llama):
+    """The graph of several rows is traced from the oneDNN twin: every linear layer in it (7 per block, and the
+    head) is the opaque custom op hardway::onednn_linear, none a matrix product the compiler would lower itself;
+    the graph of one row keeps torch's linear (lesson 12's matrix-vector products lower those)."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    model, tokenizer = tiny_llama
+    recorder = EagerAndRecordGraphs()
+    Engine(model, tokenizer, n_blocks=16, block_size=4, compile_sizes=(1, 4), backend=recorder)
+    one_row, four_rows = recorder.graphs  # compiled in order of size
+    def calls(graph, name):
+        return sum(name in str(node.target) for node in graph.graph.nodes if node.op == "call_function")
+    n_linears = 7 * model.config.num_hidden_layers + 1
+    assert calls(four_rows, "onednn_linear") == n_linears and calls(four_rows, "linear") == n_linears
+    assert calls(one_row, "onednn_linear") == 0 and calls(one_row, "linear") == n_linears
