@@ -8,11 +8,13 @@ same prompts and weights.
     uv run python benchmarks/speculative.py --reps 1 --new-tokens 48 --ks 2,4   # a quick look
 
 SmolLM2-135M-Instruct (the stand-in has its real weights), fp32, CPU, batch 1, greedy, each prompt in its chat
-template, generation until the end of the answer or --new-tokens. Every hardway run is lesson 08's eager decode
-path (`generate`), and every speculative output is asserted identical to plain decoding's tokens. Times: one
-warm-up of every configuration, then --reps interleaved rounds, medians. Acceptance is kept guesses over guesses,
-tokens per step is new tokens per verify step; each kind of prompt sums its prompts' new tokens and median times.
-`--compile` adds lesson 12's compiled decode step as a second plain baseline (the verify step itself stays eager).
+template, generation until the end of the answer or --new-tokens. Two paths, each speculative run against plain
+decoding on the same path: lesson 08's eager steps (`generate`, `speculative_generate`), and lesson 12's compiled
+step (`StaticDecodeStep`, the fastest plain decoding of the course) with lesson 17's `CompiledVerifier` for prompt
+lookup (one more graph per k; `--no-compile` skips them). Every speculative output is asserted identical to plain
+decoding's tokens. Times: one warm-up of every configuration (the compilations happen there), then --reps
+interleaved rounds, medians. Acceptance is kept guesses over guesses, tokens per step is new tokens per verify step;
+each kind of prompt sums its prompts' new tokens and median times.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from hardway.chat import ChatTemplate  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.hub import checkpoint  # noqa: E402
 from hardway.loading import load  # noqa: E402
-from hardway.speculative import PromptLookupDrafter, SpeculationStats, int8_drafter, speculative_generate  # noqa: E402
+from hardway.speculative import (CompiledVerifier, PromptLookupDrafter, SpeculationStats, int8_drafter,  # noqa: E402
+                                 speculative_generate)
 from hardway.timing import time_interleaved  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -87,7 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--int8-ks", type=ints, default=[2, 4], help="guesses per step for the int8 drafter")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-transformers", action="store_true", help="hardway's runs only")
-    parser.add_argument("--compile", action="store_true", help="add lesson 12's compiled step as a plain baseline")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="eager runs only (no compiled plain step, no compiled verify step)")
     parser.add_argument("--prompts", default=None, help="comma-separated names of PROMPTS to run (default all)")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.reps < 1 or args.threads < 1 or not args.ks or min(args.ks + args.int8_ks) < 1:
@@ -108,11 +112,13 @@ def main(argv=None) -> int:
 
     prompt_ids = {name: torch.tensor([chat.encode([{"role": "user", "content": PROMPTS[name][1]}],
                                                   add_generation_prompt=True)]) for name in names}  # (1, T) each
-    step = None
-    if args.compile:  # one compiled step for every prompt: its static cache holds the longest
+    step, verifiers = None, {}
+    if not args.no_compile:  # one compiled step for every prompt: its static cache holds the longest and k guesses
         from hardway.fast_decode import StaticDecodeStep  # lesson 12; imported here: inductor is slow to import
 
-        step = StaticDecodeStep(copy.deepcopy(model), max_len=max(ids.shape[1] for ids in prompt_ids.values()) + n)
+        longest = max(ids.shape[1] for ids in prompt_ids.values()) + n
+        step = StaticDecodeStep(copy.deepcopy(model), max_len=longest + max(args.ks))
+        verifiers = {k: CompiledVerifier(step, k) for k in args.ks}  # lesson 17: its k + 1-position graph
 
     results = {}  # (prompt, config name) -> (seconds, new tokens, stats or None, same tokens as plain)
     for name in names:
@@ -126,6 +132,12 @@ def main(argv=None) -> int:
                 stats = SpeculationStats()
                 return speculative_generate(model, ids, drafter, k, max_new_tokens=n, stats=stats), stats
             fns[f"hardway {drafter_name} k={k}"] = spec
+        for k, verifier in verifiers.items():
+            def compiled_spec(ids=ids, k=k, verifier=verifier):
+                stats = SpeculationStats()
+                return speculative_generate(step.model, ids, drafters["lookup"], k, max_new_tokens=n, stats=stats,
+                                            verifier=verifier), stats
+            fns[f"hardway compiled lookup k={k}"] = compiled_spec
         for label, fn in theirs.items():
             fns[label] = lambda ids=ids, fn=fn: (fn(ids, n), None)
         times, outs = time_interleaved(fns, reps=args.reps)
@@ -143,22 +155,30 @@ def main(argv=None) -> int:
     print(f"\n{MODEL}, fp32, CPU, {torch.get_num_threads()} threads, batch 1, greedy; load average {loadavg}; "
           f"up to {n} new tokens, {args.reps} interleaved rounds after a warm-up, medians")
     labels = list(dict.fromkeys(label for _, label in results))
-    print("\n| prompts | decoding | tok/s | x hardway plain | guesses kept | tokens per step | same tokens |")
-    print("|---|---|---|---|---|---|---|")
+    compiled = step is not None
+    print("\n| prompts | decoding | tok/s | x hardway plain | " + ("x hardway compiled plain | " if compiled else "")
+          + "guesses kept | tokens per step | same tokens |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if compiled else ""))
+
+    def tok_per_s(group, label):
+        return sum(results[(g, label)][1] for g in group) / sum(results[(g, label)][0] for g in group)
+
     for kind in dict.fromkeys(PROMPTS[n_][0] for n_ in names):
         group = [n_ for n_ in names if PROMPTS[n_][0] == kind]
-        base = sum(results[(g, "hardway")][1] for g in group) / sum(results[(g, "hardway")][0] for g in group)
+        base = tok_per_s(group, "hardway")
+        compiled_base = tok_per_s(group, "hardway compiled") if compiled else None
         for label in labels:
             rows = [results[(g, label)] for g in group]
-            tok_s = sum(r[1] for r in rows) / sum(r[0] for r in rows)
+            tok_s = tok_per_s(group, label)
             stats = [r[2] for r in rows if r[2] is not None]
             kept = (f"{sum(sum(s.kept) for s in stats) / max(sum(sum(s.drafted) for s in stats), 1):.0%}"
                     if stats else "-")
             per_step = (f"{sum(sum(s.kept) + s.steps for s in stats) / sum(s.steps for s in stats):.2f}"
                         if stats else "-")
             same = f"{sum(r[3] for r in rows)} of {len(rows)}"
-            print(f"| {kind} ({len(group)}) | {label} | {tok_s:.1f} | {tok_s / base:.2f} | {kept} | {per_step} | "
-                  f"{same} |")
+            versus_compiled = f"{tok_s / compiled_base:.2f} | " if compiled else ""
+            print(f"| {kind} ({len(group)}) | {label} | {tok_s:.1f} | {tok_s / base:.2f} | {versus_compiled}{kept} | "
+                  f"{per_step} | {same} |")
     return 0
 
 

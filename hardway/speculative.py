@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from hardway.errors import check_int  # lesson 03
-from hardway.generation import MODEL_EOS, check_prompt, prefill, stop_ids  # lesson 08
+from hardway.fast_decode import StaticDecodeStep  # lesson 12
+from hardway.generation import MODEL_EOS, check_prompt, decode_one_token, prefill, stop_ids  # lesson 08
 from hardway.loading import CausalLM  # lesson 06
 from hardway.quantize import quantize_linears  # lesson 16
 from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
@@ -54,6 +55,19 @@ def verify(model: CausalLM, kv_cache, newest: torch.Tensor, draft: torch.Tensor,
     return model(tokens, kv_cache=kv_cache, start_pos=torch.tensor(pos))[0]  # (m + 1, V)
 
 
+class Verifier:
+    """Where the verify steps of one generation run: `verifier.kv_cache`, which the prompt is prefilled into, and
+    `verifier(newest (1,), guesses (m,), pos) -> logits (m + 1, V)`. This one is `verify` on lesson 08's cache, eager;
+    section 6 compiles it."""
+
+    def __init__(self, model: CausalLM, max_len: int):
+        self.model = model
+        self.kv_cache = model.new_kv_cache(1, max_len)
+
+    def __call__(self, newest: torch.Tensor, guesses: torch.Tensor, pos: int) -> torch.Tensor:
+        return verify(self.model, self.kv_cache, newest, guesses, pos)  # (m + 1, V)
+
+
 @dataclass
 class SpeculationStats:
     """What one speculative generation did, step by step: how many guesses were made and how many kept."""
@@ -79,11 +93,14 @@ class SpeculationStats:
 def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Drafter, k: int = 4,
                          max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY, *, eos_token_id=MODEL_EOS,
                          generator: torch.Generator | None = None, on_token=None,
-                         stats: SpeculationStats | None = None, greedy_rule=accept_greedy) -> torch.Tensor:
+                         stats: SpeculationStats | None = None, greedy_rule=accept_greedy,
+                         verifier: Verifier | None = None) -> torch.Tensor:
     """lesson 08's `generate(model, input_ids, max_new_tokens, sampling, ...)` for one prompt, input_ids (1, T), with
     `drafter` guessing up to `k` tokens before each verify step -> (1, T + n_new). Greedy: generate's tokens;
     sampling: generate's distribution. `stats` (a SpeculationStats) records every step; `on_token(ids (j,))` gets
-    each step's new tokens; `greedy_rule(draft, choices) -> n kept` is accept_greedy (or an exercise's answer)."""
+    each step's new tokens; `greedy_rule(draft, choices) -> n kept` is accept_greedy (or an exercise's answer);
+    `verifier` runs the verify steps (default a new eager `Verifier(model, T + max_new_tokens)`; section 6's
+    CompiledVerifier is lesson 12's compiled step)."""
     max_new_tokens = check_prompt(model, input_ids, max_new_tokens)
     k = check_int("k", k, minimum=1)
     B, T = input_ids.shape
@@ -95,7 +112,11 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
     eos = set(stop_ids(model, eos_token_id))
     processors = sampling.processors()
     end = T + max_new_tokens
-    kv_cache = model.new_kv_cache(1, end)  # a step never writes past the position of the last token
+    if verifier is None:
+        verifier = Verifier(model, end)  # a step never writes past the position of the last token
+    elif verifier.kv_cache.batch_size != 1 or verifier.kv_cache.max_len < end:
+        raise ValueError(f"the verifier's cache holds batch {verifier.kv_cache.batch_size} x "
+                         f"{verifier.kv_cache.max_len} positions; this call needs batch 1 x {end}")
     drafter.start(input_ids[0], end)
     out = torch.empty(end, dtype=torch.long, device=input_ids.device)  # (T + new,): every id
     out[:T] = input_ids[0]
@@ -127,7 +148,7 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
             on_token(new)
         return bool(hits) or n == end
 
-    done = emit(pick(scores_at(prefill(model, input_ids, kv_cache)[0], out[:0])))  # the first token, as generate's
+    done = emit(pick(scores_at(prefill(model, input_ids, verifier.kv_cache)[0], out[:0])))  # the first token, as generate's
     while not done:
         m_max = min(k, end - n - 1)  # a step adds the kept guesses and one token more
         draft = drafter.propose(out[:n], m_max, sampling, generator) if m_max > 0 else Draft(out[:0])
@@ -135,7 +156,7 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
         m = len(guesses)
         # One forward over the newest token and the guesses. The positions of rejected guesses are written over by
         # the next step: rolling the cache back is only where that next write starts, position n - 1 afterwards.
-        scores = scores_at(verify(model, kv_cache, out[n - 1:n], guesses, n - 1), guesses)  # (m + 1, V)
+        scores = scores_at(verifier(out[n - 1:n], guesses, n - 1), guesses)  # (m + 1, V)
         if sampling.do_sample:
             q = None if draft.probs is None else draft.probs[None, :m]  # (1, m, V)
             kept, next_token = accept_sampled(scores.softmax(dim=-1)[None], q, guesses[None], generator)
@@ -295,3 +316,74 @@ def chi_square_test(counts: torch.Tensor, probs: torch.Tensor, min_expected: flo
     p_value = torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                       torch.tensor(statistic / 2, dtype=torch.float64))  # the chi-square tail
     return statistic, dof, float(p_value)
+
+
+def rows_times_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (R, in) @ b (in, out) -> (R, out) for a few rows, as a multiply and a sum that inductor compiles to one
+    loop over the out rows of b.T (the weight matrix, stored row by row): each weight row is read from memory once
+    and multiplied by all R rows of a while it is in cache. Lesson 12's matvec_as_sum is the case R = 1."""
+    a = torch.ops.prims.inductor_force_stride_order.default(a, a.stride())  # a buffer: nothing recomputed per row
+    return (b.T.unsqueeze(1) * a.unsqueeze(0)).sum(dim=-1).T  # (out, 1, in) * (1, R, in), summed over in -> (R, out)
+
+
+MAX_VERIFY_ROWS = 16  # products of at most this many rows go through rows_times_matrix: k + 1 <= 16
+
+
+def cpu_verify_backend(graph_module, example_inputs):
+    """A torch.compile backend: lesson 12's cpu_decode_backend for a few rows, every product of up to
+    MAX_VERIFY_ROWS rows on CPU lowered by rows_times_matrix."""
+    from torch._inductor.compile_fx import compile_fx  # imported here: inductor takes seconds to import
+    from torch._inductor.decomposition import select_decomp_table
+
+    aten = torch.ops.aten
+    table = select_decomp_table()
+    inductor_mm = table[aten.mm.default]
+
+    def few_rows(a):
+        return a.device.type == "cpu" and a.shape[0] <= MAX_VERIFY_ROWS
+
+    def mm(a, b):
+        return rows_times_matrix(a, b) if few_rows(a) else inductor_mm(a, b)
+
+    def addmm(bias, a, b, beta=1, alpha=1):  # a Linear with a bias (GPT-2)
+        if few_rows(a) and beta == 1 and alpha == 1:
+            return bias + rows_times_matrix(a, b)
+        return NotImplemented  # inductor's own lowering
+
+    return compile_fx(graph_module, example_inputs,
+                      decompositions={**table, aten.mm.default: mm, aten.addmm.default: addmm})
+
+
+class CompiledVerifier(Verifier):
+    """The verify step through lesson 12's StaticDecodeStep `step` (its model, its static cache) for a fixed k:
+    decode_one_token compiled for k + 1 positions (on CPU by cpu_verify_backend, elsewhere inductor with CUDA graphs;
+    `backend` overrides it), drafts of fewer guesses padded to k; no guess: the step's own one-position graph. Near
+    the end of the cache, where k + 1 slots no longer fit, a step runs eagerly on the same cache."""
+
+    def __init__(self, step: StaticDecodeStep, k: int, backend=None):
+        self.step, self.model, self.kv_cache = step, step.model, step.kv_cache
+        self.k = check_int("k", k, minimum=1)
+        device = step.token.device
+        if device.type == "cpu" and k + 1 > MAX_VERIFY_ROWS:
+            raise ValueError(f"k must be at most {MAX_VERIFY_ROWS - 1} for the compiled verify step, got {k}")
+        self.tokens = torch.zeros(1, k + 1, dtype=torch.long, device=device)  # (1, k + 1): the graph's input
+        torch._dynamo.mark_static_address(self.tokens)
+        options = {}
+        if backend is None:
+            backend = cpu_verify_backend if device.type == "cpu" else "inductor"
+            options = {} if device.type == "cpu" else {"mode": "reduce-overhead"}
+        self.compiled = torch.compile(decode_one_token, backend=backend, fullgraph=True, dynamic=False, **options)
+
+    @torch.inference_mode()
+    def __call__(self, newest, guesses, pos):
+        m = len(guesses)
+        if m == 0:
+            return self.step(newest[None], torch.tensor(pos))[0]  # (1, V): a plain step
+        if m > self.k or pos + self.k + 1 > self.kv_cache.max_len:
+            return verify(self.model, self.kv_cache, newest, guesses, pos)  # (m + 1, V), eager
+        self.tokens[0, 0] = newest[0]
+        self.tokens[0, 1:m + 1] = guesses
+        self.tokens[0, m + 1:] = guesses[-1]  # padding: logits not read, keys and values written over later
+        self.step.input_pos.fill_(pos)
+        logits = self.compiled(self.model, self.tokens, self.step.input_pos, self.kv_cache)  # (1, k + 1, V)
+        return logits[0, :m + 1]  # (m + 1, V)

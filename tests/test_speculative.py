@@ -9,16 +9,18 @@ import copy
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from hardway.fast_decode import StaticDecodeStep
 from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.quantize import quantize_linears
 from hardway.sampling import SamplingConfig
-from hardway.speculative import (ModelDrafter, PromptLookupDrafter, SpeculationStats, accept_greedy,
-                                 accept_sampled, chi_square_test, draw_two_tokens, int8_drafter,
-                                 speculative_generate, two_token_tables)
+from hardway.speculative import (CompiledVerifier, ModelDrafter, PromptLookupDrafter, SpeculationStats, Verifier,
+                                 accept_greedy, accept_sampled, chi_square_test, draw_two_tokens, int8_drafter,
+                                 rows_times_matrix, speculative_generate, two_token_tables)
 from hardway.tokenizer import load_tokenizer
 
 FALSE_ALARM = 1e-3  # a right rule fails a chi-square test at this threshold once in a thousand independent draws
@@ -79,17 +81,64 @@ def test_greedy_is_generates_tokens_on_tiny_configs_for_every_k(tiny, name):
 
 
 def test_greedy_is_generates_tokens_on_both_standins():
+    """Real weights, short runs: prompt lookup at three k on each stand-in, and the int8 copy on GPT-2 (the exhaustive
+    sweep of k and drafters is the tiny configs' test above; lesson 17 runs both drafters on both stand-ins too)."""
     for repo, text, ks, int8_k in (
-            ("HuggingFaceTB/SmolLM2-135M-Instruct", "Repeat: the cat sat on the mat, the cat sat on the mat, the", (1, 3, 8), 2),
+            ("HuggingFaceTB/SmolLM2-135M-Instruct", "Repeat: the cat sat on the mat, the cat sat on the mat, the", (1, 3, 8), None),
             ("openai-community/gpt2", "The quick brown fox jumps over the lazy dog. The quick", (2, 5), 3)):
         folder = checkpoint(repo)
         model, tok = load(folder), load_tokenizer(folder)
         ids = torch.tensor([tok.encode(text)])
-        plain = generate(model, ids, max_new_tokens=10)
+        plain = generate(model, ids, max_new_tokens=8)
         for k in ks:
-            assert torch.equal(speculative_generate(model, ids, PromptLookupDrafter(), k, max_new_tokens=10), plain), \
-                (repo, k)
-        assert torch.equal(speculative_generate(model, ids, int8_drafter(model), int8_k, max_new_tokens=10), plain), repo
+            stats = SpeculationStats()
+            out = speculative_generate(model, ids, PromptLookupDrafter(), k, max_new_tokens=8, stats=stats)
+            assert torch.equal(out, plain), (repo, k)
+            assert sum(stats.kept) > 0, (repo, k)  # guesses kept: the verify step and the rule ran on real weights
+        if int8_k is not None:
+            out = speculative_generate(model, ids, int8_drafter(model), int8_k, max_new_tokens=8)
+            assert torch.equal(out, plain), repo
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_compiled_verify_step_is_generates_tokens_on_tiny_configs(tiny, name):
+    """Lesson 12's static step and a verify graph of k + 1 positions, traced by dynamo and functionalized by
+    AOTAutograd as inductor would receive them, run without code generation: plain greedy's tokens with drafts
+    padded to k, steps without a guess (the one-position graph), the last steps of k = 8 eager (no k + 1 slots
+    left), and one graph per k. benchmarks/speculative.py asserts the same tokens from inductor's code."""
+    model, _ = tiny[name]
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    step = StaticDecodeStep(model, max_len=12 + 16 + 3, backend=counter)  # the longest prompt, 16 new, 3 slots more
+    no_guess = short_draft = 0  # steps of the one-position graph, and drafts padded to k
+    for k in (1, 3, 8):
+        verifier = CompiledVerifier(step, k, backend=counter)
+        for ids in prompts(model.config.vocab_size, n=3):
+            plain = generate(model, ids, max_new_tokens=16, eos_token_id=None)
+            stats = SpeculationStats()
+            out = speculative_generate(model, ids, PromptLookupDrafter(), k, max_new_tokens=16, eos_token_id=None,
+                                       verifier=verifier, stats=stats)
+            assert torch.equal(out, plain), (k, ids.tolist())
+            no_guess += stats.drafted.count(0)
+            short_draft += sum(0 < m < k for m in stats.drafted)
+    assert no_guess and short_draft, (no_guess, short_draft)
+    assert counter.frame_count == 4, counter.frame_count  # one position, and k + 1 for each k
+
+
+def test_rows_times_matrix_is_a_matrix_product():
+    import torch._inductor.inductor_prims  # noqa: F401  registers the op that keeps `a` a buffer
+
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 5, 16):
+        a, w = torch.randn(rows, 64, generator=g), torch.randn(96, 64, generator=g)  # w: (out, in), as a Linear's
+        assert torch.allclose(rows_times_matrix(a, w.T), a @ w.T, atol=1e-5)
+
+
+def test_a_verifier_whose_cache_is_too_short_is_refused(tiny):
+    model, _ = tiny["gpt2"]
+    with pytest.raises(ValueError, match="needs batch 1 x 9"):
+        speculative_generate(model, torch.zeros(1, 3, dtype=torch.long), PromptLookupDrafter(), 2, max_new_tokens=6,
+                             verifier=Verifier(model, 8))
 
 
 def test_greedy_with_a_repetition_penalty_and_an_eos_is_generates(tiny):
@@ -222,7 +271,7 @@ def test_the_command_line_speculates_with_the_same_text_and_refuses_bad_values(c
     from hardway import cli
 
     base = ["generate", "--model", str(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")), "--device", "cpu",
-            "--max-new-tokens", "10", "one two three one two three one two"]
+            "--max-new-tokens", "6", "one two three one two three one two"]
     assert cli.main(base) == 0
     plain = capsys.readouterr().out
     assert cli.main(base + ["--speculate", "lookup", "--k", "3"]) == 0  # the int8 drafter: the tests above

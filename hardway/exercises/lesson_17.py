@@ -31,13 +31,13 @@ def check_accept_greedy(my_accept_greedy, model, input_ids) -> str:
             raise Wrong(f"return an int, the number of guesses kept; got {type(got).__name__} {got!r}")
         if got != expected:
             raise Wrong(f"draft {draft}, choices {choices} ({what}): keep {expected} guess(es), got {got}")
-    plain = generate(model, input_ids, max_new_tokens=24)
+    plain = generate(model, input_ids, max_new_tokens=16)
 
     def rule(draft, choices):
         return attempt(my_accept_greedy, draft.tolist(), choices.tolist(), when="inside speculative_generate")
 
     stats = SpeculationStats()
-    fast = speculative_generate(model, input_ids, PromptLookupDrafter(), 4, max_new_tokens=24, stats=stats,
+    fast = speculative_generate(model, input_ids, PromptLookupDrafter(), 4, max_new_tokens=16, stats=stats,
                                 greedy_rule=rule)
     if not torch.equal(fast, plain):
         T = input_ids.shape[1]
