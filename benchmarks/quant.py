@@ -13,13 +13,18 @@ a fixed number of new tokens, a full-length warm-up, then interleaved repetition
 of the first new tokens agree. Perplexity: lesson 11's windows (512, stride 256) on the first --ppl-tokens tokens of
 the course's text, each format against fp32, llama.cpp's formats too (its logits on the same windows). `--llama-cpp-f32 GGUF`:
 an F32 GGUF of the same weights, which llama.cpp's own quantizer turns into a Q8_0 (and which it also times).
+The table is also written to --table (default benchmarks/quant_results.json, committed: lesson 16 plots it), with the
+machine, the date, the load average and the command line.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
+import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -40,6 +45,30 @@ from hardway.timing import time_interleaved  # noqa: E402
 from hardway.verify import eval_text, perplexity, window_nlls  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TABLE = Path(__file__).resolve().parent / "quant_results.json"
+
+
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it, else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cell(value, fmt: str) -> str:
+    """A table cell: `value` formatted, or "-" where there is none."""
+    return "-" if value is None else fmt.format(value)
+
+
+def write_table(path: Path, table: dict) -> None:
+    """`table` as JSON at `path`, written under a temporary name first: never half a file under the final name."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(table, indent=1) + "\n")
+    os.replace(partial, path)
 
 
 def llama_cpp_q8_0(f32_gguf: str, out_dir: str, path: str | None) -> str:
@@ -88,6 +117,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--eager", action="store_true", help="also time fp32 eager and torch's weight-only kernels")
     parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
     parser.add_argument("--llama-cpp-f32", metavar="GGUF", help="an F32 GGUF of the same weights, for llama.cpp's Q8_0")
+    parser.add_argument("--table", type=Path, default=TABLE, help="where to write the table as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     workdir = tempfile.mkdtemp()
@@ -154,20 +184,31 @@ def main(argv=None) -> dict:
     print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up; "
           f"perplexity on {len(corpus)} tokens of the course text (windows of 512, stride 256), llama.cpp's on the "
           f"same windows; every hardway row decodes with lesson 12's compiled step unless its name says eager")
-    print("| format | weights stored | read per token | decode tok/s | x fp32 | perplexity | vs fp32 | new tokens as fp32's |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in [n for n in formats if n not in tps]:  # scored, not timed
-        stored, read = sizes[name]
-        print(f"| {name} | {stored / 1e6:.1f} MB | {read / 1e6:.1f} MB | - | - | {quality[name]:.3f} | "
-              f"{quality[name] / quality['fp32'] - 1:+.2%} | - |")
-    for name, s in tps.items():
+    rows = []
+    for name in [n for n in formats if n not in tps] + list(tps):  # scored, not timed, first
         stored, read = sizes[scored.get(name, name)]
         ppl = quality.get(scored.get(name, name))
-        agree = (outs[name][0, ids.shape[1]:] == reference).long().cumprod(0).sum().item()
-        read_mb = "-" if read is None else f"{read / 1e6:.1f} MB"
-        ppl_cells = "- | -" if ppl is None else f"{ppl:.3f} | {ppl / quality['fp32'] - 1:+.2%}"
-        print(f"| {name} | {stored / 1e6:.1f} MB | {read_mb} | {s:.1f} | {s / tps['fp32']:.2f} | {ppl_cells} | "
-              f"{agree} of {n} |")
+        rows.append({"format": name, "stored_mb": round(stored / 1e6, 1),
+                     "read_mb": None if read is None else round(read / 1e6, 1),
+                     "tok_s": round(tps[name], 1) if name in tps else None,
+                     "x_fp32": round(tps[name] / tps["fp32"], 2) if name in tps else None,
+                     "perplexity": None if ppl is None else round(ppl, 3),
+                     "vs_fp32": None if ppl is None else round(ppl / quality["fp32"] - 1, 4),
+                     "agree": (outs[name][0, ids.shape[1]:] == reference).long().cumprod(0).sum().item()
+                     if name in tps else None})
+    print("| format | weights stored | read per token | decode tok/s | x fp32 | perplexity | vs fp32 | new tokens as fp32's |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['format']} | {r['stored_mb']:.1f} MB | {cell(r['read_mb'], '{:.1f} MB')} | "
+              f"{cell(r['tok_s'], '{:.1f}')} | {cell(r['x_fp32'], '{:.2f}')} | {cell(r['perplexity'], '{:.3f}')} | "
+              f"{cell(r['vs_fp32'], '{:+.2%}')} | {cell(r['agree'], '{} of ' + str(n))} |")
+    write_table(args.table, {
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_average": loadavg, "read_bandwidth_gb_s": round(read_bw / 1e9, 1),
+        "command": " ".join(["benchmarks/quant.py"] + [Path(a).name if os.path.isabs(a) else a  # no local paths
+                                                       for a in (sys.argv[1:] if argv is None else argv)]),
+        "new_tokens": n, "ppl_tokens": len(corpus), "rows": rows})
     return {"tok_s": tps, "perplexity": quality}
 
 
