@@ -6,13 +6,15 @@ Q4_1 blocks, side by side in one process, with llama.cpp on the same GGUF (and o
         --llama-cpp-f32 smollm2-135m-f32.gguf
 
 Every hardway format decodes with lesson 12's compiled static-shape step (inductor on CPU, the quantized layers'
-one-row products fused into loops over the integers); `--eager` adds the eager step with torch's own CPU weight-only
-kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32 eager. Batch 1, greedy, the same prompt ids,
-a fixed number of new tokens, a full-length warm-up, then interleaved repetitions (medians); the read bandwidth (a
-1 GiB sum) is sampled in the same rounds. Quantized formats may pick other tokens than fp32: the table says how many
-of the first new tokens agree. Perplexity: lesson 11's windows (512, stride 256) on the first --ppl-tokens tokens of
-the course's text, each format against fp32, llama.cpp's formats too (its logits on the same windows). `--llama-cpp-f32 GGUF`:
-an F32 GGUF of the same weights, which llama.cpp's own quantizer turns into a Q8_0 (and which it also times).
+one-row products fused into loops over the integers); the rows named "C loop" send those one-row products to
+hardway.c_loops' C loops instead, inside the same compiled step (where a C compiler is found); `--eager` adds the
+eager step with torch's own CPU weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32
+eager. Batch 1, greedy, the same prompt ids, a fixed number of new tokens, a full-length warm-up, then interleaved
+repetitions (medians); the read bandwidth (a 1 GiB sum) is sampled in the same rounds. Quantized formats may pick
+other tokens than fp32: the table says how many of the first new tokens agree. Perplexity: lesson 11's windows (512,
+stride 256) on the first --ppl-tokens tokens of the course's text, each format against fp32, llama.cpp's formats too
+(its logits on the same windows). `--llama-cpp-f32 GGUF`: an F32 GGUF of the same weights, which llama.cpp's own
+quantizer turns into a Q8_0 (and which it also times).
 The table is also written to --table (default benchmarks/quant_results.json, committed: lesson 16 plots it), with the
 machine, the date, the load average and the command line.
 """
@@ -35,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.decode import llama_cpp_generate, prompt_ids  # noqa: E402
+from hardway.c_loops import c_loops_available  # noqa: E402
 from hardway.fast_decode import StaticDecodeStep  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.gguf import smollm2_gguf  # noqa: E402
@@ -117,6 +120,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--eager", action="store_true", help="also time fp32 eager and torch's weight-only kernels")
     parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
     parser.add_argument("--llama-cpp-f32", metavar="GGUF", help="an F32 GGUF of the same weights, for llama.cpp's Q8_0")
+    parser.add_argument("--no-c-loop", action="store_true", help="leave out the C loops (hardway.c_loops)")
     parser.add_argument("--table", type=Path, default=TABLE, help="where to write the table as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -148,6 +152,16 @@ def main(argv=None) -> dict:
         step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
         fns[name] = (lambda s: lambda: s.generate(ids, n, eos_token_id=None))(step)
     scored = {}  # a timed engine -> the format whose perplexity is its own
+    if c_loops_available() and not args.no_c_loop:  # the same weights, one row through hardway.c_loops' C loops
+        for name, bits, group in [("int8, per row", 8, None), ("int8, groups of 32", 8, 32),
+                                  ("int4, groups of 32", 4, 32)]:
+            m = quantize_linears(load(gguf_path), bits, group)
+            for layer in m.modules():
+                if isinstance(layer, QuantizedLinear):
+                    layer.use_c_loop()
+            step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
+            fns[f"{name}, C loop"] = (lambda s: lambda: s.generate(ids, n, eos_token_id=None))(step)
+            scored[f"{name}, C loop"] = name
     if args.eager:
         fp32_eager = load(gguf_path)
         fns["fp32, eager"] = lambda: generate(fp32_eager, ids, max_new_tokens=n, eos_token_id=None)
