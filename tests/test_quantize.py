@@ -1,6 +1,8 @@
 """hardway.quantize: int8 / int4 weight-only quantization, its layer's three ways of multiplying, the GGUF's own
 blocks kept bit for bit, and whole models (Llama from the real GGUF, GPT-2) through the CausalLM contract."""
 
+import copy
+
 import gguf
 import gguf.quants
 import numpy as np
@@ -21,6 +23,12 @@ from hardway.quantize import (QuantizationError, QuantizedLinear, dequantize_int
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="module")
+def dense(real):
+    """The real file loaded once for the module (a load dequantizes every matrix); tests that change it copy it."""
+    return hardway.load(real)
 
 
 def test_int8_rounds_each_weight_to_the_nearest_level_of_its_row():
@@ -109,8 +117,8 @@ def test_the_files_blocks_become_layers_bit_for_bit(real):
         assert torch.equal(mine.view(torch.int32), expected.reshape(mine.shape).view(torch.int32)), name
 
 
-def test_gguf_quantized_is_the_dequantized_model(real):
-    dense, kept = hardway.load(real), gguf_quantized(real)
+def test_gguf_quantized_is_the_dequantized_model(real, dense):
+    kept = gguf_quantized(real)
     layers = [m for m in kept.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 30 * 7 + 1 and sum(layer.bits == 8 for layer in layers) == 1  # 210 Q4_1 + the head's Q8_0
     ids = torch.randint(0, 49152, (1, 9), generator=torch.Generator().manual_seed(0))
@@ -133,8 +141,8 @@ def test_gguf_quantized_is_the_dequantized_model(real):
     assert read == n_embd // 32 * 34 + n_q4 // 32 * 20 + norms and stored == read + 4 * n_embd
 
 
-def test_quantize_linears_on_llama_and_gpt2(real):
-    llama = quantize_linears(hardway.load(real), 4, 64)
+def test_quantize_linears_on_llama_and_gpt2(dense):
+    llama = quantize_linears(copy.deepcopy(dense), 4, 64)
     assert sum(isinstance(m, QuantizedLinear) for m in llama.modules()) == 30 * 7 + 1  # the tied head too
     assert not any(isinstance(m, nn.Linear) for m in llama.modules())
     gpt2 = hardway.load(checkpoint("openai-community/gpt2"))
