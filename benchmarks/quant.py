@@ -6,20 +6,27 @@ Q4_1 blocks, side by side in one process, with llama.cpp on the same GGUF (and o
         --llama-cpp-f32 smollm2-135m-f32.gguf
 
 Every hardway format decodes with lesson 12's compiled static-shape step (inductor on CPU, the quantized layers'
-one-row products fused into loops over the integers); `--eager` adds the eager step with torch's own CPU weight-only
-kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32 eager. Batch 1, greedy, the same prompt ids,
-a fixed number of new tokens, a full-length warm-up, then interleaved repetitions (medians); the read bandwidth (a
-1 GiB sum) is sampled in the same rounds. Quantized formats may pick other tokens than fp32: the table says how many
-of the first new tokens agree. Perplexity: lesson 11's windows (512, stride 256) on the first --ppl-tokens tokens of
-the course's text, each format against fp32, llama.cpp's formats too (its logits on the same windows). `--llama-cpp-f32 GGUF`:
-an F32 GGUF of the same weights, which llama.cpp's own quantizer turns into a Q8_0 (and which it also times).
+one-row products fused into loops over the integers); the rows named "C loop" send those one-row products to
+hardway.c_loops' C loops instead, inside the same compiled step (where a C compiler is found); `--eager` adds the
+eager step with torch's own CPU weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32
+eager. Batch 1, greedy, the same prompt ids, a fixed number of new tokens, a full-length warm-up, then interleaved
+repetitions (medians); the read bandwidth (a 1 GiB sum) is sampled in the same rounds. Quantized formats may pick
+other tokens than fp32: the table says how many of the first new tokens agree. Perplexity: lesson 11's windows (512,
+stride 256) on the first --ppl-tokens tokens of the course's text, each format against fp32, llama.cpp's formats too
+(its logits on the same windows). `--llama-cpp-f32 GGUF`: an F32 GGUF of the same weights, which llama.cpp's own
+quantizer turns into a Q8_0 (and which it also times).
+The table is also written to --table (default benchmarks/quant_results.json, committed: lesson 16 plots it), with the
+machine, the date, the load average and the command line.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
+import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -30,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.decode import llama_cpp_generate, prompt_ids  # noqa: E402
+from hardway.c_loops import c_loops_available  # noqa: E402
 from hardway.fast_decode import StaticDecodeStep  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.gguf import smollm2_gguf  # noqa: E402
@@ -40,6 +48,30 @@ from hardway.timing import time_interleaved  # noqa: E402
 from hardway.verify import eval_text, perplexity, window_nlls  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TABLE = Path(__file__).resolve().parent / "quant_results.json"
+
+
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it, else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cell(value, fmt: str) -> str:
+    """A table cell: `value` formatted, or "-" where there is none."""
+    return "-" if value is None else fmt.format(value)
+
+
+def write_table(path: Path, table: dict) -> None:
+    """`table` as JSON at `path`, written under a temporary name first: never half a file under the final name."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(table, indent=1) + "\n")
+    os.replace(partial, path)
 
 
 def llama_cpp_q8_0(f32_gguf: str, out_dir: str, path: str | None) -> str:
@@ -88,6 +120,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--eager", action="store_true", help="also time fp32 eager and torch's weight-only kernels")
     parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
     parser.add_argument("--llama-cpp-f32", metavar="GGUF", help="an F32 GGUF of the same weights, for llama.cpp's Q8_0")
+    parser.add_argument("--no-c-loop", action="store_true", help="leave out the C loops (hardway.c_loops)")
+    parser.add_argument("--table", type=Path, default=TABLE, help="where to write the table as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     workdir = tempfile.mkdtemp()
@@ -118,6 +152,16 @@ def main(argv=None) -> dict:
         step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
         fns[name] = (lambda s: lambda: s.generate(ids, n, eos_token_id=None))(step)
     scored = {}  # a timed engine -> the format whose perplexity is its own
+    if c_loops_available() and not args.no_c_loop:  # the same weights, one row through hardway.c_loops' C loops
+        for name, bits, group in [("int8, per row", 8, None), ("int8, groups of 32", 8, 32),
+                                  ("int4, groups of 32", 4, 32)]:
+            m = quantize_linears(load(gguf_path), bits, group)
+            for layer in m.modules():
+                if isinstance(layer, QuantizedLinear):
+                    layer.use_c_loop()
+            step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
+            fns[f"{name}, C loop"] = (lambda s: lambda: s.generate(ids, n, eos_token_id=None))(step)
+            scored[f"{name}, C loop"] = name
     if args.eager:
         fp32_eager = load(gguf_path)
         fns["fp32, eager"] = lambda: generate(fp32_eager, ids, max_new_tokens=n, eos_token_id=None)
@@ -154,20 +198,31 @@ def main(argv=None) -> dict:
     print(f"prompt {args.prompt_tokens} tokens, {n} new tokens, {args.reps} interleaved timed runs after a warm-up; "
           f"perplexity on {len(corpus)} tokens of the course text (windows of 512, stride 256), llama.cpp's on the "
           f"same windows; every hardway row decodes with lesson 12's compiled step unless its name says eager")
-    print("| format | weights stored | read per token | decode tok/s | x fp32 | perplexity | vs fp32 | new tokens as fp32's |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in [n for n in formats if n not in tps]:  # scored, not timed
-        stored, read = sizes[name]
-        print(f"| {name} | {stored / 1e6:.1f} MB | {read / 1e6:.1f} MB | - | - | {quality[name]:.3f} | "
-              f"{quality[name] / quality['fp32'] - 1:+.2%} | - |")
-    for name, s in tps.items():
+    rows = []
+    for name in [n for n in formats if n not in tps] + list(tps):  # scored, not timed, first
         stored, read = sizes[scored.get(name, name)]
         ppl = quality.get(scored.get(name, name))
-        agree = (outs[name][0, ids.shape[1]:] == reference).long().cumprod(0).sum().item()
-        read_mb = "-" if read is None else f"{read / 1e6:.1f} MB"
-        ppl_cells = "- | -" if ppl is None else f"{ppl:.3f} | {ppl / quality['fp32'] - 1:+.2%}"
-        print(f"| {name} | {stored / 1e6:.1f} MB | {read_mb} | {s:.1f} | {s / tps['fp32']:.2f} | {ppl_cells} | "
-              f"{agree} of {n} |")
+        rows.append({"format": name, "stored_mb": round(stored / 1e6, 1),
+                     "read_mb": None if read is None else round(read / 1e6, 1),
+                     "tok_s": round(tps[name], 1) if name in tps else None,
+                     "x_fp32": round(tps[name] / tps["fp32"], 2) if name in tps else None,
+                     "perplexity": None if ppl is None else round(ppl, 3),
+                     "vs_fp32": None if ppl is None else round(ppl / quality["fp32"] - 1, 4),
+                     "agree": (outs[name][0, ids.shape[1]:] == reference).long().cumprod(0).sum().item()
+                     if name in tps else None})
+    print("| format | weights stored | read per token | decode tok/s | x fp32 | perplexity | vs fp32 | new tokens as fp32's |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['format']} | {r['stored_mb']:.1f} MB | {cell(r['read_mb'], '{:.1f} MB')} | "
+              f"{cell(r['tok_s'], '{:.1f}')} | {cell(r['x_fp32'], '{:.2f}')} | {cell(r['perplexity'], '{:.3f}')} | "
+              f"{cell(r['vs_fp32'], '{:+.2%}')} | {cell(r['agree'], '{} of ' + str(n))} |")
+    write_table(args.table, {
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_average": loadavg, "read_bandwidth_gb_s": round(read_bw / 1e9, 1),
+        "command": " ".join(["benchmarks/quant.py"] + [Path(a).name if os.path.isabs(a) else a  # no local paths
+                                                       for a in (sys.argv[1:] if argv is None else argv)]),
+        "new_tokens": n, "ppl_tokens": len(corpus), "rows": rows})
     return {"tok_s": tps, "perplexity": quality}
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hardway.c_loops import c_loops_available, c_matvec_int4, c_matvec_int8
 from hardway.gguf import hub_name, read_gguf, unpermute_qk
 from hardway.llama import hub_to_hardway_names
 from hardway.loading import load
@@ -122,7 +123,8 @@ class QuantizedLinear(nn.Module):
     byte, scales, mins), in groups of `group_size` columns (None: one group a row). Several rows of input (a prompt)
     dequantize the weight, then multiply: the plain version. One row (a decoded token) goes through matvec_int8 /
     matvec_int4, which lesson 12's compiled step turns into one loop over the integers. `use_kernel()` switches to
-    torch's own CPU weight-only kernels instead (`_weight_int8pack_mm`, one scale a row; `_weight_int4pack_mm_for_cpu`)."""
+    torch's own CPU weight-only kernels instead (`_weight_int8pack_mm`, one scale a row; `_weight_int4pack_mm_for_cpu`);
+    `use_c_loop()` sends the one-row product to hardway.c_loops' C loops."""
 
     def __init__(self, bits: int, in_features: int, out_features: int, group_size: int | None, q, scales, mins=None,
                  bias=None):
@@ -136,6 +138,7 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("mins", mins)      # (out, groups) fp16, 4 bits only
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.kernel = None  # (function, its packed weight, its scales) once use_kernel() is called
+        self.c_loop = False  # one row through hardway.c_loops once use_c_loop() is called
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int, group_size: int | None = None) -> "QuantizedLinear":
@@ -179,13 +182,26 @@ class QuantizedLinear(nn.Module):
             self.kernel = (lambda x, w, s: aten._weight_int4pack_mm_for_cpu(x, w, group, s), packed, scales_and_zeros)
         return self
 
+    def use_c_loop(self) -> "QuantizedLinear":
+        """One row (a decoded token) through the C loops of hardway.c_loops, on the weight as stored."""
+        if not c_loops_available():
+            raise QuantizationError("the C loops could not be built: no C compiler with OpenMP and _Float16 "
+                                    "(GCC 12 or clang 15 and later) as `cc` or $CC")
+        self.kernel, self.c_loop = None, True
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
         if self.kernel is not None:
             fn, w, s = self.kernel
             y = fn(x.reshape(-1, self.in_features), w, s)  # (rows, out)
         elif x.numel() == self.in_features:  # one row: decoding's matrix-vector product
             x1 = x.reshape(self.in_features)  # (in,)
-            y = matvec_int8(x1, self.q, self.scales) if self.bits == 8 else matvec_int4(x1, self.q, self.scales, self.mins)
+            if self.c_loop:
+                y = (c_matvec_int8(x1, self.q, self.scales) if self.bits == 8
+                     else c_matvec_int4(x1, self.q, self.scales, self.mins))
+            else:
+                y = (matvec_int8(x1, self.q, self.scales) if self.bits == 8
+                     else matvec_int4(x1, self.q, self.scales, self.mins))
         else:
             return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
         y = y.reshape(*x.shape[:-1], self.out_features)  # (..., out)

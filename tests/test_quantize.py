@@ -1,6 +1,8 @@
 """hardway.quantize: int8 / int4 weight-only quantization, its layer's three ways of multiplying, the GGUF's own
 blocks kept bit for bit, and whole models (Llama from the real GGUF, GPT-2) through the CausalLM contract."""
 
+import copy
+
 import gguf
 import gguf.quants
 import numpy as np
@@ -10,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hardway
+from hardway.c_loops import c_loops_available
 from hardway.gguf import read_gguf, smollm2_gguf
 from hardway.hub import checkpoint
 from hardway.quantize import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks,
@@ -20,6 +23,12 @@ from hardway.quantize import (QuantizationError, QuantizedLinear, dequantize_int
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="module")
+def dense(real):
+    """The real file loaded once for the module (a load dequantizes every matrix); tests that change it copy it."""
+    return hardway.load(real)
 
 
 def test_int8_rounds_each_weight_to_the_nearest_level_of_its_row():
@@ -108,8 +117,8 @@ def test_the_files_blocks_become_layers_bit_for_bit(real):
         assert torch.equal(mine.view(torch.int32), expected.reshape(mine.shape).view(torch.int32)), name
 
 
-def test_gguf_quantized_is_the_dequantized_model(real):
-    dense, kept = hardway.load(real), gguf_quantized(real)
+def test_gguf_quantized_is_the_dequantized_model(real, dense):
+    kept = gguf_quantized(real)
     layers = [m for m in kept.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 30 * 7 + 1 and sum(layer.bits == 8 for layer in layers) == 1  # 210 Q4_1 + the head's Q8_0
     ids = torch.randint(0, 49152, (1, 9), generator=torch.Generator().manual_seed(0))
@@ -132,8 +141,8 @@ def test_gguf_quantized_is_the_dequantized_model(real):
     assert read == n_embd // 32 * 34 + n_q4 // 32 * 20 + norms and stored == read + 4 * n_embd
 
 
-def test_quantize_linears_on_llama_and_gpt2(real):
-    llama = quantize_linears(hardway.load(real), 4, 64)
+def test_quantize_linears_on_llama_and_gpt2(dense):
+    llama = quantize_linears(copy.deepcopy(dense), 4, 64)
     assert sum(isinstance(m, QuantizedLinear) for m in llama.modules()) == 30 * 7 + 1  # the tied head too
     assert not any(isinstance(m, nn.Linear) for m in llama.modules())
     gpt2 = hardway.load(checkpoint("openai-community/gpt2"))
@@ -188,3 +197,38 @@ def test_int8_per_row_agrees_with_torchaos_int8_weight_only(real):
         err_theirs = (theirs(x) - exact).norm() / exact.norm()
         assert (ours(x[:1]) - theirs(x[:1])).abs().max() < 0.02 * exact.abs().max()  # the one-row form too
     assert err_ours < 0.01 and 0.8 < err_ours / err_theirs < 1.25, (err_ours, err_theirs)
+
+
+needs_c = pytest.mark.skipif(not c_loops_available(), reason="no C compiler with OpenMP and _Float16 here")
+
+
+@needs_c  # the last two groups are ones the AVX-512 code does not take: the plain C loops run
+@pytest.mark.parametrize("bits, group", [(8, None), (8, 32), (4, 32), (4, 64), (8, 16), (4, 6)])
+def test_the_c_loop_multiplies_as_the_dequantized_weight(bits, group):
+    torch.manual_seed(0)
+    linear = nn.Linear(192, 320)
+    layer = QuantizedLinear.from_linear(linear, bits, group).use_c_loop()
+    x, prompt = torch.randn(1, 1, 192), torch.randn(2, 5, 192)
+    w = layer.dequantized_weight()  # (320, 192)
+    with torch.no_grad():
+        reference = F.linear(x, w, linear.bias)
+        assert (layer(x) - reference).abs().max() < 1e-5 * reference.abs().max()  # fp32 sums in another order
+        assert not torch.equal(layer(x), F.linear(x, torch.zeros_like(w), linear.bias))  # it did multiply
+        assert torch.equal(layer(prompt), F.linear(prompt, w, linear.bias))  # many rows: dequantize, then matmul
+
+
+@needs_c
+def test_the_c_loop_runs_inside_a_compiled_function():
+    torch.manual_seed(0)
+    layer = QuantizedLinear.from_linear(nn.Linear(64, 96, bias=False), 4, 32).use_c_loop()
+    x = torch.randn(1, 1, 64)
+    compiled = torch.compile(lambda x: layer(x * 2) + 1, fullgraph=True)  # fullgraph: the op must not break it
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), F.linear(x * 2, layer.dequantized_weight()) + 1, atol=1e-5)
+
+
+def test_use_c_loop_without_a_compiler_says_so(monkeypatch):
+    from hardway import c_loops
+    monkeypatch.setattr(c_loops, "c_library", lambda: None)  # what a machine without a compiler gets
+    with pytest.raises(QuantizationError, match="no C compiler"):
+        QuantizedLinear.from_linear(nn.Linear(64, 8), 8).use_c_loop()
