@@ -166,10 +166,10 @@ def c_matvec_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, m
 
 
 @c_matvec_int8.register_fake
-def _(x, q, scales):  # what torch.compile traces: the shape of the answer, no computation
+def c_matvec_int8_shape(x, q, scales):  # what torch.compile traces: the shape of the answer, no computation
     return x.new_empty(q.shape[0])
 
 
 @c_matvec_int4.register_fake
-def _(x, packed, scales, mins):
+def c_matvec_int4_shape(x, packed, scales, mins):
     return x.new_empty(packed.shape[0])

@@ -383,7 +383,7 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 @onednn_linear.register_fake
-def _(x, packed, bias, out_features):
+def onednn_linear_shape(x, packed, bias, out_features):
     """What the compiler needs to know without computing: the shape, dtype and device of the result."""
     return x.new_empty((*x.shape[:-1], out_features))
 
