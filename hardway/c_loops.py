@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+from torch import library  # custom operators, which torch.compile calls without looking inside
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -146,7 +147,7 @@ def c_loops_available() -> bool:
     return c_library() is not None
 
 
-@torch.library.custom_op("hardway::c_matvec_int8", mutates_args=())
+@library.custom_op("hardway::c_matvec_int8", mutates_args=())
 def c_matvec_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x (in,) fp32 times int8 q (out, in) with fp16 scales (out, groups) -> (out,), in C."""
     x, y = x.contiguous(), x.new_empty(q.shape[0])
@@ -155,7 +156,7 @@ def c_matvec_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> tor
     return y
 
 
-@torch.library.custom_op("hardway::c_matvec_int4", mutates_args=())
+@library.custom_op("hardway::c_matvec_int4", mutates_args=())
 def c_matvec_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """x (in,) fp32 times int4 packed (out, in / 2) with fp16 scales and mins (out, groups) -> (out,), in C."""
     x, y = x.contiguous(), x.new_empty(packed.shape[0])

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import library  # custom operators, which torch.compile calls without looking inside
 
 from hardway.fast_decode import cpu_decode_backend, lay_out_rows, use_decode_layout  # lesson 12
 from hardway.loading import CausalLM
@@ -375,7 +376,7 @@ class ScheduledBatch:
         self.n_new.append(n)
 
 
-@torch.library.custom_op("hardway::onednn_linear", mutates_args=())
+@library.custom_op("hardway::onednn_linear", mutates_args=())
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """oneDNN's linear on a weight packed by `_reorder_linear_weight`, as one opaque op of our own, so that torch.compile
     keeps calling oneDNN: it cannot look inside, and writes its fused code around it. (..., in) -> (..., out)."""
