@@ -146,11 +146,11 @@ def main(argv=None) -> dict:
         for name, m in formats.items():
             quality[name] = perplexity(window_nlls(lambda x, m=m: forward_once(m, x), corpus, 512, 256))
 
-    fns = {}
-    for name in timed_formats:  # each its own compiled step and static cache
-        m = formats[name]
+    def compiled_run(m):  # a model's own compiled step and static cache, as a run to time
         step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
-        fns[name] = (lambda s: lambda: s.generate(ids, n, eos_token_id=None))(step)
+        return lambda: step.generate(ids, n, eos_token_id=None)
+
+    fns = {name: compiled_run(formats[name]) for name in timed_formats}
     scored = {}  # a timed engine -> the format whose perplexity is its own
     if c_loops_available() and not args.no_c_loop:  # the same weights, one row through hardway.c_loops' C loops
         for name, bits, group in [("int8, per row", 8, None), ("int8, groups of 32", 8, 32),
@@ -159,8 +159,7 @@ def main(argv=None) -> dict:
             for layer in m.modules():
                 if isinstance(layer, QuantizedLinear):
                     layer.use_c_loop()
-            step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
-            fns[f"{name}, C loop"] = (lambda s: lambda: s.generate(ids, n, eos_token_id=None))(step)
+            fns[f"{name}, C loop"] = compiled_run(m)
             scored[f"{name}, C loop"] = name
     if args.eager:
         fp32_eager = load(gguf_path)
