@@ -118,13 +118,35 @@ def matvec_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
     return (low * xg[:, 0] + high * xg[:, 1]).sum((-1, -2))  # (out,)
 
 
+ACTIVATION_BLOCK = 32  # columns of the input row that share one scale when the C loops round it to int8
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An input row rounded to int8 in blocks of 32 columns, as the C loops do it on a CPU with AVX512-VNNI (Q8_0's
+    arithmetic, for activations): each block's scale is its largest |x| over 127, xq = round(x / scale).
+    x (..., in) -> xq int8 (..., in), scales fp32 (..., in / 32)."""
+    xb = x.float().reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)  # (..., blocks, 32)
+    scales = xb.abs().amax(dim=-1) / 127  # (..., blocks)
+    s = scales.unsqueeze(-1)  # (..., blocks, 1)
+    xq = torch.where(s > 0, xb / s, 0).round().to(torch.int8)  # a block of zeros: scale 0, xq 0
+    return xq.reshape(x.shape), scales
+
+
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """x (..., in) -> the fp32 values its int8 blocks stand for, scale * xq: what the integer loops multiply by."""
+    xq, scales = quantize_activations(x)
+    xb = xq.float().reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK) * scales.unsqueeze(-1)  # (..., blocks, 32)
+    return xb.reshape(x.shape)
+
+
 class QuantizedLinear(nn.Module):
     """An `nn.Linear` whose weight is stored quantized: int8 (`bits=8`: q, scales) or int4 (`bits=4`: two weights a
     byte, scales, mins), in groups of `group_size` columns (None: one group a row). Several rows of input (a prompt)
     dequantize the weight, then multiply: the plain version. One row (a decoded token) goes through matvec_int8 /
     matvec_int4, which lesson 12's compiled step turns into one loop over the integers. `use_kernel()` switches to
     torch's own CPU weight-only kernels instead (`_weight_int8pack_mm`, one scale a row; `_weight_int4pack_mm_for_cpu`);
-    `use_c_loop()` sends the one-row product to hardway.c_loops' C loops."""
+    `use_c_loop()` sends the one-row product to hardway.c_loops' C loops (which, on a CPU with AVX512-VNNI, round
+    the row to int8 first unless `quantize_activations=False`)."""
 
     def __init__(self, bits: int, in_features: int, out_features: int, group_size: int | None, q, scales, mins=None,
                  bias=None):
@@ -139,6 +161,7 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.kernel = None  # (function, its packed weight, its scales) once use_kernel() is called
         self.c_loop = False  # one row through hardway.c_loops once use_c_loop() is called
+        self.c_loop_quantizes = False  # and whether those loops may round the row to int8 first
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int, group_size: int | None = None) -> "QuantizedLinear":
@@ -182,12 +205,14 @@ class QuantizedLinear(nn.Module):
             self.kernel = (lambda x, w, s: aten._weight_int4pack_mm_for_cpu(x, w, group, s), packed, scales_and_zeros)
         return self
 
-    def use_c_loop(self) -> "QuantizedLinear":
-        """One row (a decoded token) through the C loops of hardway.c_loops, on the weight as stored."""
+    def use_c_loop(self, quantize_activations: bool = True) -> "QuantizedLinear":
+        """One row (a decoded token) through the C loops of hardway.c_loops, on the weight as stored. With
+        `quantize_activations` (and a CPU with AVX512-VNNI, groups that are multiples of 32: 32 for int4), the row is
+        rounded to int8 in blocks of 32 and multiplied integer by integer; else it stays fp32."""
         if not c_loops_available():
             raise QuantizationError("the C loops could not be built: no C compiler with OpenMP and _Float16 "
                                     "(GCC 12 or clang 15 and later) as `cc` or $CC")
-        self.kernel, self.c_loop = None, True
+        self.kernel, self.c_loop, self.c_loop_quantizes = None, True, quantize_activations
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
@@ -197,8 +222,8 @@ class QuantizedLinear(nn.Module):
         elif x.numel() == self.in_features:  # one row: decoding's matrix-vector product
             x1 = x.reshape(self.in_features)  # (in,)
             if self.c_loop:
-                y = (c_matvec_int8(x1, self.q, self.scales) if self.bits == 8
-                     else c_matvec_int4(x1, self.q, self.scales, self.mins))
+                y = (c_matvec_int8(x1, self.q, self.scales, self.c_loop_quantizes) if self.bits == 8
+                     else c_matvec_int4(x1, self.q, self.scales, self.mins, self.c_loop_quantizes))
             else:
                 y = (matvec_int8(x1, self.q, self.scales) if self.bits == 8
                      else matvec_int4(x1, self.q, self.scales, self.mins))

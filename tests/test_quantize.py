@@ -12,12 +12,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hardway
-from hardway.c_loops import c_loops_available
+from hardway.c_loops import c_loops_available, c_loops_quantize_activations
 from hardway.gguf import read_gguf, smollm2_gguf
 from hardway.hub import checkpoint
 from hardway.quantize import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks,
-                              gguf_quantized, matvec_int4, pack_nibbles, quantize_int4, quantize_int8,
-                              quantize_linears, unpack_nibbles, weights_nbytes)
+                              gguf_quantized, matvec_int4, pack_nibbles, quantize_activations, quantize_int4,
+                              quantize_int8, quantize_linears, round_activations, unpack_nibbles, weights_nbytes)
 
 
 @pytest.fixture(scope="module")
@@ -205,9 +205,10 @@ needs_c = pytest.mark.skipif(not c_loops_available(), reason="no C compiler with
 @needs_c  # the last two groups are ones the AVX-512 code does not take: the plain C loops run
 @pytest.mark.parametrize("bits, group", [(8, None), (8, 32), (4, 32), (4, 64), (8, 16), (4, 6)])
 def test_the_c_loop_multiplies_as_the_dequantized_weight(bits, group):
+    """The row kept in fp32: the products of the dequantized weight, summed in another order."""
     torch.manual_seed(0)
     linear = nn.Linear(192, 320)
-    layer = QuantizedLinear.from_linear(linear, bits, group).use_c_loop()
+    layer = QuantizedLinear.from_linear(linear, bits, group).use_c_loop(quantize_activations=False)
     x, prompt = torch.randn(1, 1, 192), torch.randn(2, 5, 192)
     w = layer.dequantized_weight()  # (320, 192)
     with torch.no_grad():
@@ -217,6 +218,53 @@ def test_the_c_loop_multiplies_as_the_dequantized_weight(bits, group):
         assert torch.equal(layer(prompt), F.linear(prompt, w, linear.bias))  # many rows: dequantize, then matmul
 
 
+def test_activations_round_to_q8_0s_levels():
+    """quantize_activations against the gguf package's Q8_0 on the same row: Q8_0 stores the scale in fp16 and rounds
+    halves away from zero, we keep the fp32 scale and round halves to even, so the scales agree to fp16's rounding
+    and the integers by at most one level."""
+    x = torch.randn(4, 96) * torch.logspace(-2, 1, 4)[:, None]  # (4, 96): rows of very different sizes
+    x[1, 32:64] = 0  # a block of zeros: scale 0, xq 0
+    xq, scales = quantize_activations(x)  # (4, 96) int8, (4, 3)
+    blocks = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(4, 3, 34)  # fp16 d, 32 int8
+    their_scales = torch.from_numpy(blocks[..., :2].copy().view(np.float16).astype(np.float32))[..., 0]  # (4, 3)
+    their_q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(4, 96)
+    assert torch.allclose(scales, their_scales, rtol=1e-3, atol=0) and xq.abs().max() == 127
+    assert (xq.int() - their_q.int()).abs().max() <= 1 and torch.equal(xq[1, 32:64], torch.zeros(32, dtype=torch.int8))
+    err = (round_activations(x) - x).abs()  # half a step of its own block
+    assert (err <= scales.repeat_interleave(32, dim=1) / 2 * (1 + 1e-6)).all()
+
+
+needs_vnni = pytest.mark.skipif(not c_loops_quantize_activations(), reason="the C loops here keep the row in fp32 "
+                                                                          "(no AVX512-VNNI, or no compiler)")
+
+
+@needs_vnni  # shapes with an odd number of blocks of 32 (160) and of groups of 4 (576 / 32 = 18): the masked ends
+@pytest.mark.parametrize("bits, group, shape", [(8, None, (320, 192)), (8, 32, (100, 160)), (8, 64, (320, 192)),
+                                                (4, 32, (64, 576))])
+def test_the_integer_c_loop_multiplies_by_the_rounded_row(bits, group, shape):
+    """With VNNI the C loop computes the dequantized weight times the row rounded to int8 in blocks of 32 (int4's
+    minimum term times the exact sum of x), to fp32 rounding. So its distance from the fp32 row's product is bounded
+    by the rounding itself: per output, the sum over columns of |w| times half a step of that column's block."""
+    torch.manual_seed(0)
+    layer = QuantizedLinear.from_linear(nn.Linear(shape[1], shape[0], bias=False), bits, group).use_c_loop()
+    x = torch.randn(1, 1, shape[1]) * 3
+    if bits == 8:
+        w, w_min = layer.dequantized_weight().double(), torch.zeros(shape, dtype=torch.float64)  # (out, in)
+    else:  # w = d q + m: the q part meets the rounded row, the m part the exact one
+        w_min = layer.mins.double().repeat_interleave(group, dim=1)  # (out, in)
+        w = layer.dequantized_weight().double() - w_min
+    _, scales = quantize_activations(x[0, 0])  # (in / 32,)
+    with torch.no_grad():
+        y = layer(x)[0, 0].double()  # (out,)
+    rounded = w @ round_activations(x[0, 0]).double() + w_min @ x[0, 0].double()
+    exact = (w + w_min) @ x[0, 0].double()
+    assert (y - rounded).abs().max() < 1e-6 * rounded.abs().max()  # the same numbers, fp32 sums in another order
+    bound = w.abs() @ (scales.double().repeat_interleave(32) / 2)  # (out,)
+    assert ((y - exact).abs() <= bound * (1 + 1e-5) + 1e-6 * exact.abs().max()).all()
+    assert not torch.allclose(y, exact, rtol=1e-6, atol=0)  # it did round the row
+    assert torch.equal(layer(x), layer(x))  # and the same row gives the same answer
+
+
 @needs_c
 def test_the_c_loop_runs_inside_a_compiled_function():
     torch.manual_seed(0)
@@ -224,7 +272,8 @@ def test_the_c_loop_runs_inside_a_compiled_function():
     x = torch.randn(1, 1, 64)
     compiled = torch.compile(lambda x: layer(x * 2) + 1, fullgraph=True)  # fullgraph: the op must not break it
     with torch.no_grad():
-        assert torch.allclose(compiled(x), F.linear(x * 2, layer.dequantized_weight()) + 1, atol=1e-5)
+        assert torch.equal(compiled(x), layer(x * 2) + 1)  # the same C loop on the same row, compiled or not
+        assert not torch.equal(compiled(x), torch.ones(1, 1, 96))  # which did multiply
 
 
 def test_use_c_loop_without_a_compiler_says_so(monkeypatch):
