@@ -7,7 +7,10 @@ Q4_1 blocks, side by side in one process, with llama.cpp on the same GGUF (and o
 
 Every hardway format decodes with lesson 12's compiled static-shape step (inductor on CPU, the quantized layers'
 one-row products fused into loops over the integers); the rows named "C loop" send those one-row products to
-hardway.c_loops' C loops instead, inside the same compiled step (where a C compiler is found); `--eager` adds the
+hardway.c_loops' C loops instead, inside the same compiled step (where a C compiler is found). On a CPU with
+AVX512-VNNI those loops round each input row to int8 in blocks of 32 first, so their perplexity is scored with every
+quantized layer's input rounded the same way (the arithmetic of the loops, on the prompt windows);
+`--c-loop-fp32-rows` adds the same loops with the row kept in fp32, for comparison. `--eager` adds the
 eager step with torch's own CPU weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32
 eager. Batch 1, greedy, the same prompt ids, a fixed number of new tokens, a full-length warm-up, then interleaved
 repetitions (medians); the read bandwidth (a 1 GiB sum) is sampled in the same rounds. Quantized formats may pick
@@ -37,13 +40,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.decode import llama_cpp_generate, prompt_ids  # noqa: E402
-from hardway.c_loops import c_loops_available  # noqa: E402
+from hardway.c_loops import c_loops_available, c_loops_quantize_activations  # noqa: E402
 from hardway.fast_decode import StaticDecodeStep  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.gguf import smollm2_gguf  # noqa: E402
 from hardway.hub import checkpoint  # noqa: E402
 from hardway.loading import forward_once, load  # noqa: E402
-from hardway.quantize import QuantizedLinear, gguf_quantized, quantize_linears, weights_nbytes  # noqa: E402
+from hardway.quantize import (QuantizedLinear, gguf_quantized, quantize_linears, round_activations,  # noqa: E402
+                              weights_nbytes)
 from hardway.timing import time_interleaved  # noqa: E402
 from hardway.verify import eval_text, perplexity, window_nlls  # noqa: E402
 
@@ -121,6 +125,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
     parser.add_argument("--llama-cpp-f32", metavar="GGUF", help="an F32 GGUF of the same weights, for llama.cpp's Q8_0")
     parser.add_argument("--no-c-loop", action="store_true", help="leave out the C loops (hardway.c_loops)")
+    parser.add_argument("--c-loop-fp32-rows", action="store_true",
+                        help="also time the C loops with the input row kept in fp32 (no int8 rounding)")
     parser.add_argument("--table", type=Path, default=TABLE, help="where to write the table as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -153,14 +159,25 @@ def main(argv=None) -> dict:
     fns = {name: compiled_run(formats[name]) for name in timed_formats}
     scored = {}  # a timed engine -> the format whose perplexity is its own
     if c_loops_available() and not args.no_c_loop:  # the same weights, one row through hardway.c_loops' C loops
+        rounding = c_loops_quantize_activations()  # every format below takes the integer loops where this is True
         for name, bits, group in [("int8, per row", 8, None), ("int8, groups of 32", 8, 32),
                                   ("int4, groups of 32", 4, 32)]:
-            m = quantize_linears(load(gguf_path), bits, group)
-            for layer in m.modules():
-                if isinstance(layer, QuantizedLinear):
-                    layer.use_c_loop()
-            fns[f"{name}, C loop"] = compiled_run(m)
-            scored[f"{name}, C loop"] = name
+            for quantize_x in [True, False] if args.c_loop_fp32_rows and rounding else [True]:
+                m = quantize_linears(load(gguf_path), bits, group)
+                for layer in m.modules():
+                    if isinstance(layer, QuantizedLinear):
+                        layer.use_c_loop(quantize_activations=quantize_x)
+                row = f"{name}, C loop" + ("" if quantize_x else ", fp32 row")
+                fns[row] = compiled_run(m)
+                scored[row] = name
+            if rounding:  # the integer loops' own perplexity: each quantized layer's input rounded as they round it
+                m = formats[name]
+                hooks = [layer.register_forward_pre_hook(lambda layer, args: (round_activations(args[0]),))
+                         for layer in m.modules() if isinstance(layer, QuantizedLinear)]
+                with torch.inference_mode():
+                    quality[f"{name}, C loop"] = perplexity(window_nlls(lambda x: forward_once(m, x), corpus, 512, 256))
+                for hook in hooks:
+                    hook.remove()
     if args.eager:
         fp32_eager = load(gguf_path)
         fns["fp32, eager"] = lambda: generate(fp32_eager, ids, max_new_tokens=n, eos_token_id=None)
@@ -200,7 +217,7 @@ def main(argv=None) -> dict:
     rows = []
     for name in [n for n in formats if n not in tps] + list(tps):  # scored, not timed, first
         stored, read = sizes[scored.get(name, name)]
-        ppl = quality.get(scored.get(name, name))
+        ppl = quality.get(name, quality.get(scored.get(name)))
         rows.append({"format": name, "stored_mb": round(stored / 1e6, 1),
                      "read_mb": None if read is None else round(read / 1e6, 1),
                      "tok_s": round(tps[name], 1) if name in tps else None,
