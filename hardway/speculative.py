@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hardway.errors import check_int  # lesson 03
-from hardway.fast_decode import StaticDecodeStep  # lesson 12
+from hardway.fast_decode import StaticDecodeStep, cpu_decode_backend  # lesson 12
 from hardway.generation import MODEL_EOS, check_prompt, decode_one_token, prefill, stop_ids  # lesson 08
 from hardway.loading import CausalLM  # lesson 06
 from hardway.quantize import quantize_linears  # lesson 16
@@ -367,16 +367,20 @@ class CostAwareGuesses(GuessSchedule):
     costs: {m: the time of a verify step of m guesses / a plain step's}, measured on this machine; draft_cost: the
     time of drafting one guess / a plain step's (0 for prompt lookup). a, the chance a guess is kept: kept guesses over
     kept guesses and rejections, each step's counts weighing `memory` times as much one step later, plus one of
-    each, so that with no recent evidence a is one half and a short guess is tried again."""
+    each, so that with no recent evidence a is one half. At the first step, and after `patience` steps in a row
+    without a guess, the fewest guesses it can run, whatever a says: without a guess now and then it would never
+    learn that guessing pays (again)."""
 
-    def __init__(self, costs: dict[int, float], draft_cost: float = 0.0, memory: float = 0.5):
+    def __init__(self, costs: dict[int, float], draft_cost: float = 0.0, memory: float = 0.5, patience: int = 4):
         self.costs = {0: 1.0} | {check_int("a number of guesses", m, minimum=0): float(c) for m, c in costs.items()}
         super().__init__(max(max(self.costs), 1))
         self.draft_cost, self.memory = draft_cost, memory
+        self.patience = check_int("patience", patience, minimum=1)
         self.start()
 
     def start(self):
         self.kept = self.rejected = 0.0  # recent evidence, faded by `memory` at every step
+        self.plain_steps = self.patience  # steps in a row without a guess: the first step is a probe
 
     @property
     def acceptance(self) -> float:
@@ -384,9 +388,13 @@ class CostAwareGuesses(GuessSchedule):
 
     def guesses(self):
         a = self.acceptance
-        return max(self.costs, key=lambda m: sum(a**i for i in range(m + 1)) / (self.costs[m] + m * self.draft_cost))
+        best = max(self.costs, key=lambda m: sum(a**i for i in range(m + 1)) / (self.costs[m] + m * self.draft_cost))
+        if best == 0 and self.plain_steps >= self.patience:
+            return min(m for m in self.costs if m > 0)  # a probe: is guessing worth it again?
+        return best
 
     def update(self, drafted, kept):
+        self.plain_steps = 0 if drafted else self.plain_steps + 1
         self.kept = self.memory * self.kept + kept
         self.rejected = self.memory * self.rejected + (kept < drafted)  # at most one rejection per step
 
@@ -415,28 +423,9 @@ MAX_VERIFY_ROWS = 16  # products of at most this many rows go through rows_times
 
 
 def cpu_verify_backend(graph_module, example_inputs):
-    """A torch.compile backend: lesson 12's cpu_decode_backend for a few rows, every product of up to
-    MAX_VERIFY_ROWS rows on CPU lowered by rows_times_matrix."""
-    from torch._inductor.compile_fx import compile_fx  # imported here: inductor takes seconds to import
-    from torch._inductor.decomposition import select_decomp_table
-
-    aten = torch.ops.aten
-    table = select_decomp_table()
-    inductor_mm = table[aten.mm.default]
-
-    def few_rows(a):
-        return a.device.type == "cpu" and a.shape[0] <= MAX_VERIFY_ROWS
-
-    def mm(a, b):
-        return rows_times_matrix(a, b) if few_rows(a) else inductor_mm(a, b)
-
-    def addmm(bias, a, b, beta=1, alpha=1):  # a Linear with a bias (GPT-2)
-        if few_rows(a) and beta == 1 and alpha == 1:
-            return bias + rows_times_matrix(a, b)
-        return NotImplemented  # inductor's own lowering
-
-    return compile_fx(graph_module, example_inputs,
-                      decompositions={**table, aten.mm.default: mm, aten.addmm.default: addmm})
+    """A torch.compile backend: lesson 12's cpu_decode_backend, every product of up to MAX_VERIFY_ROWS rows on CPU
+    lowered by rows_times_matrix."""
+    return cpu_decode_backend(graph_module, example_inputs, MAX_VERIFY_ROWS, rows_times_matrix)
 
 
 class CompiledVerifier(Verifier):

@@ -212,15 +212,22 @@ def test_the_cost_aware_schedule_guesses_where_it_pays_and_stops_where_it_does_n
     free = CostAwareGuesses({1: 1.0, 4: 1.0})
     free.update(4, 0)
     assert free.guesses() == 4  # guesses that cost nothing are always worth making
-    assert CostAwareGuesses({4: 1.2}, draft_cost=0.5).guesses() == 0  # a drafter at half a step a guess: not at 1/2
+    dear = CostAwareGuesses({4: 1.2}, draft_cost=0.5, patience=3)
+    asked = []
+    for drafted in (4, 0, 0, 0, 0):
+        asked.append(dear.guesses())
+        dear.update(drafted, 0)
+    assert asked == [4, 0, 0, 0, 4]  # the first step probes; half a step a guess does not pay at a < 1/2; after 3
+    # plain steps in a row, a probe again
     schedule.start()
     assert schedule.acceptance == 0.5  # a new generation starts over
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_adaptive_schedules_give_generates_tokens_and_follow_the_drafter(tiny, name):
-    """Both schedules, with prompt lookup, the other model and a scripted drafter (right for 12 positions, then
-    wrong): plain greedy's tokens; the cost-aware schedule stops guessing where the scripted guesses go wrong."""
+    """Both schedules, with prompt lookup, the other model and a scripted drafter (right for some positions, then
+    wrong): plain greedy's tokens; where the scripted guesses go wrong, the cost-aware schedule runs plain steps
+    between probes of one guess, and the heuristic keeps guessing."""
     model, other = tiny[name]
     V = model.config.vocab_size
     for ids in prompts(V):
@@ -237,15 +244,15 @@ def test_adaptive_schedules_give_generates_tokens_and_follow_the_drafter(tiny, n
     ids = prompts(V)[0]
     plain = generate(model, ids, max_new_tokens=60, eos_token_id=None)
     wrong_from = ids.shape[1] + 20  # the scripted guesses are right before this length, wrong after
-    for schedule, most_plain in ((CostAwareGuesses({1: 1.1, 3: 1.3, 6: 1.6}), True), (HeuristicGuesses(6), False)):
+    for schedule, most_plain in ((CostAwareGuesses({1: 1.35, 3: 1.7, 6: 2.1}), True), (HeuristicGuesses(6), False)):
         stats = SpeculationStats()
         speculative_generate(model, ids, ScriptedDrafter(plain[0], lambda N: N < wrong_from, V), schedule,
                              max_new_tokens=60, eos_token_id=None, stats=stats)
-        lengths = ids.shape[1] + 1 + torch.tensor([0] + stats.kept[:-1]).add(1).cumsum(0)  # the length at each step
+        lengths = ids.shape[1] + 1 + torch.tensor([0] + [k + 1 for k in stats.kept[:-1]]).cumsum(0)  # at each step
         right = [m for m, N in zip(stats.drafted, lengths.tolist()) if N < wrong_from]
         wrong = [m for m, N in zip(stats.drafted, lengths.tolist()) if N >= wrong_from + 4]
         assert max(right) == 6, stats.drafted  # right guesses: the most guesses
-        assert (wrong.count(0) > len(wrong) / 2) == most_plain, (type(schedule).__name__, wrong)
+        assert (wrong.count(0) >= len(wrong) / 3) == most_plain, (type(schedule).__name__, wrong)  # plain steps
 
 
 def test_measure_verify_costs_times_every_size(tiny):
