@@ -11,8 +11,11 @@ SmolLM2-135M-Instruct (the stand-in has its real weights), fp32, CPU, batch 1, g
 template, generation until the end of the answer or --new-tokens. Two paths, each speculative run against plain
 decoding on the same path: lesson 08's eager steps (`generate`, `speculative_generate`), and lesson 12's compiled
 step (`StaticDecodeStep`, the fastest plain decoding of the course) with lesson 17's `CompiledVerifier` for prompt
-lookup (one more graph per k; `--no-compile` skips them). Every speculative output is asserted identical to plain
-decoding's tokens. Times: one warm-up of every configuration (the compilations happen there), then --reps
+lookup (one more graph per k; `--no-compile` skips them). Besides a constant k (every draft padded to k on the
+compiled path), two schedules that choose the guesses step by step, up to the largest k: transformers' heuristic
+(`HeuristicGuesses`) and the cost-aware choice (`CostAwareGuesses`, from the verify costs this run measures first,
+per path); on the compiled path they run the smallest graph of --ks that holds each draft. Every speculative output
+is asserted identical to plain decoding's tokens. Times: one warm-up of every configuration (the compilations happen there), then --reps
 interleaved rounds, medians. Acceptance is kept guesses over guesses, tokens per step is new tokens per verify step;
 each kind of prompt sums its prompts' new tokens and median times.
 """
@@ -34,8 +37,8 @@ from hardway.chat import ChatTemplate  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.hub import checkpoint  # noqa: E402
 from hardway.loading import load  # noqa: E402
-from hardway.speculative import (CompiledVerifier, PromptLookupDrafter, SpeculationStats, int8_drafter,  # noqa: E402
-                                 speculative_generate)
+from hardway.speculative import (CompiledVerifier, CostAwareGuesses, HeuristicGuesses, PromptLookupDrafter,  # noqa: E402
+                                 SpeculationStats, Verifier, int8_drafter, measure_verify_costs, speculative_generate)
 from hardway.timing import time_interleaved  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -88,6 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=2, help="interleaved timed rounds after the warm-up")
     parser.add_argument("--ks", type=ints, default=[1, 2, 4, 8], help="guesses per step for prompt lookup")
     parser.add_argument("--int8-ks", type=ints, default=[2, 4], help="guesses per step for the int8 drafter")
+    parser.add_argument("--no-schedules", action="store_true", help="constant k only: no heuristic or cost-aware rows")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-transformers", action="store_true", help="hardway's runs only")
     parser.add_argument("--no-compile", action="store_true",
@@ -109,16 +113,26 @@ def main(argv=None) -> int:
     theirs = {} if args.no_transformers else transformers_runs(folder, args.ks, args.int8_ks)
     n = args.new_tokens
     configs = [("lookup", k) for k in args.ks] + [("int8", k) for k in args.int8_ks]
+    k_max = max(args.ks)
 
     prompt_ids = {name: torch.tensor([chat.encode([{"role": "user", "content": PROMPTS[name][1]}],
                                                   add_generation_prompt=True)]) for name in names}  # (1, T) each
-    step, verifiers = None, {}
+    longest = max(ids.shape[1] for ids in prompt_ids.values()) + n
+    pos = min(ids.shape[1] for ids in prompt_ids.values()) + n // 2  # where the verify costs are measured
+    costs = {"eager": measure_verify_costs(Verifier(model, longest + k_max), args.ks, pos, reps=5)}
+    step, verifiers, multi = None, {}, None
     if not args.no_compile:  # one compiled step for every prompt: its static cache holds the longest and k guesses
         from hardway.fast_decode import StaticDecodeStep  # lesson 12; imported here: inductor is slow to import
 
-        longest = max(ids.shape[1] for ids in prompt_ids.values()) + n
-        step = StaticDecodeStep(copy.deepcopy(model), max_len=longest + max(args.ks))
-        verifiers = {k: CompiledVerifier(step, k) for k in args.ks}  # lesson 17: its k + 1-position graph
+        step = StaticDecodeStep(copy.deepcopy(model), max_len=longest + k_max)
+        multi = CompiledVerifier(step, k_max, sizes=args.ks)  # lesson 17: a graph of k + 1 positions for every k
+        verifiers = {k: multi.restricted_to([k]) for k in args.ks}  # constant k: every draft padded to k
+        costs["compiled"] = measure_verify_costs(multi, args.ks, pos, reps=5)  # the graphs compile here
+    print(f"verify step of m guesses / a step without: load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    for path, table in costs.items():
+        print(f"  {path}: " + ", ".join(f"m={m} {c:.2f}x" for m, c in table.items()), flush=True)
+    schedules = {} if args.no_schedules else {
+        "heuristic": lambda path: HeuristicGuesses(k_max), "cost-aware": lambda path: CostAwareGuesses(costs[path])}
 
     results = {}  # (prompt, config name) -> (seconds, new tokens, stats or None, same tokens as plain)
     for name in names:
@@ -132,12 +146,24 @@ def main(argv=None) -> int:
                 stats = SpeculationStats()
                 return speculative_generate(model, ids, drafter, k, max_new_tokens=n, stats=stats), stats
             fns[f"hardway {drafter_name} k={k}"] = spec
+        for schedule_name, schedule in schedules.items():
+            def adaptive(ids=ids, schedule=schedule("eager")):
+                stats = SpeculationStats()
+                return speculative_generate(model, ids, drafters["lookup"], schedule, max_new_tokens=n,
+                                            stats=stats), stats
+            fns[f"hardway lookup {schedule_name} k<={k_max}"] = adaptive
         for k, verifier in verifiers.items():
             def compiled_spec(ids=ids, k=k, verifier=verifier):
                 stats = SpeculationStats()
                 return speculative_generate(step.model, ids, drafters["lookup"], k, max_new_tokens=n, stats=stats,
                                             verifier=verifier), stats
             fns[f"hardway compiled lookup k={k}"] = compiled_spec
+        for schedule_name, schedule in (schedules.items() if step is not None else ()):
+            def compiled_adaptive(ids=ids, schedule=schedule("compiled")):
+                stats = SpeculationStats()
+                return speculative_generate(step.model, ids, drafters["lookup"], schedule, max_new_tokens=n,
+                                            stats=stats, verifier=multi), stats
+            fns[f"hardway compiled lookup {schedule_name} k<={k_max}"] = compiled_adaptive
         for label, fn in theirs.items():
             fns[label] = lambda ids=ids, fn=fn: (fn(ids, n), None)
         times, outs = time_interleaved(fns, reps=args.reps)

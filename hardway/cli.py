@@ -84,11 +84,12 @@ def _speculation(args) -> int | None:
         return None
     if args.speculate not in SPECULATE:
         raise ValueError(f"--speculate {args.speculate}: choose lookup (prompt lookup) or int8 (the model's int8 copy)")
-    if args.compile:
-        raise ValueError("--speculate runs its own eager verify step: use it without --compile")
     k = 4 if args.k is None else args.k
     if not 1 <= k <= 64:
         raise ValueError(f"--k must be in 1..64 (guesses per verify step), got {k}")
+    most = resolve("hardway.speculative:MAX_VERIFY_ROWS") - 1  # lesson 17's compiled verify step: k + 1 rows
+    if args.compile and k > most:
+        raise ValueError(f"--k must be in 1..{most} with --compile (one compiled graph of k + 1 positions), got {k}")
     return k
 
 
@@ -136,9 +137,10 @@ def cmd_generate(args) -> int:
                      **sampling)
         else:  # lesson 17
             drafter = resolve(f"hardway.speculative:{SPECULATE[args.speculate]}")
+            verifier = None if decoder is None else resolve("hardway.speculative:CompiledVerifier")(decoder, k)
             resolve("hardway.speculative:speculative_generate")(
                 model, input_ids, drafter(model) if args.speculate == "int8" else drafter(), k,
-                max_new_tokens=args.max_new_tokens, on_token=stream, **stop, **sampling)
+                max_new_tokens=args.max_new_tokens, on_token=stream, verifier=verifier, **stop, **sampling)
     except KeyboardInterrupt:  # Ctrl-C: the text so far stays on stdout; one line on stderr says why it stopped
         print(f"\nhardway generate: interrupted after {len(new)} new token(s)", file=sys.stderr)
         return 130

@@ -217,8 +217,9 @@ def matvec_as_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.unsqueeze(2) * b.unsqueeze(0)).sum(dim=1)  # (1, in, 1) * (1, in, out), summed over in
 
 
-def cpu_decode_backend(graph_module, example_inputs):
-    """A torch.compile backend: inductor, with every one-row matmul on CPU lowered by matvec_as_sum."""
+def cpu_decode_backend(graph_module, example_inputs, max_rows: int = 1, product=matvec_as_sum):
+    """A torch.compile backend: inductor, with every matmul of at most `max_rows` rows on CPU lowered by `product`:
+    by default the one-row ones, by matvec_as_sum (lesson 17 passes a product of a few rows)."""
     # Imported here, not at the top: hardway.load imports this module, and inductor takes seconds to import.
     from torch._inductor.compile_fx import compile_fx  # inductor's entry point, which takes a decomposition table
     from torch._inductor.decomposition import select_decomp_table
@@ -227,12 +228,15 @@ def cpu_decode_backend(graph_module, example_inputs):
     table = select_decomp_table()
     inductor_mm = table[aten.mm.default]
 
+    def few_rows(a):
+        return a.device.type == "cpu" and a.shape[0] <= max_rows
+
     def mm(a, b):
-        return matvec_as_sum(a, b) if a.device.type == "cpu" and a.shape[0] == 1 else inductor_mm(a, b)
+        return product(a, b) if few_rows(a) else inductor_mm(a, b)
 
     def addmm(bias, a, b, beta=1, alpha=1):  # a Linear with a bias (GPT-2, Qwen2's q, k, v)
-        if a.device.type == "cpu" and a.shape[0] == 1 and beta == 1 and alpha == 1:
-            return bias + matvec_as_sum(a, b)
+        if few_rows(a) and beta == 1 and alpha == 1:
+            return bias + product(a, b)
         return NotImplemented  # inductor's own lowering
 
     return compile_fx(graph_module, example_inputs,

@@ -6,17 +6,19 @@ own. Greedy, the output is plain greedy decoding's; sampling, the rejection rule
 from __future__ import annotations
 
 import copy
+import statistics
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from hardway.errors import check_int  # lesson 03
-from hardway.fast_decode import StaticDecodeStep  # lesson 12
+from hardway.fast_decode import StaticDecodeStep, cpu_decode_backend  # lesson 12
 from hardway.generation import MODEL_EOS, check_prompt, decode_one_token, prefill, stop_ids  # lesson 08
 from hardway.loading import CausalLM  # lesson 06
 from hardway.quantize import quantize_linears  # lesson 16
 from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
+from hardway.timing import time_interleaved  # lesson 10
 
 
 @dataclass
@@ -58,7 +60,7 @@ def verify(model: CausalLM, kv_cache, newest: torch.Tensor, draft: torch.Tensor,
 class Verifier:
     """Where the verify steps of one generation run: `verifier.kv_cache`, which the prompt is prefilled into, and
     `verifier(newest (1,), guesses (m,), pos) -> logits (m + 1, V)`. This one is `verify` on lesson 08's cache, eager;
-    section 6 compiles it."""
+    section 7 compiles it."""
 
     def __init__(self, model: CausalLM, max_len: int):
         self.model = model
@@ -89,20 +91,37 @@ class SpeculationStats:
         return (sum(self.kept) + self.steps) / max(self.steps, 1)
 
 
+class GuessSchedule:
+    """How many guesses each verify step asks the drafter for: `guesses()` before a step, `update(drafted, kept)`
+    after it. This one asks for the same k every step; section 6 has schedules that learn from the steps."""
+
+    def __init__(self, k: int):
+        self.k = check_int("k", k, minimum=1)
+
+    def start(self) -> None:
+        """A new generation begins: forget what earlier ones taught."""
+
+    def guesses(self) -> int:
+        return self.k
+
+    def update(self, drafted: int, kept: int) -> None:
+        pass
+
+
 @torch.inference_mode()
-def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Drafter, k: int = 4,
+def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Drafter, k: int | GuessSchedule = 4,
                          max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY, *, eos_token_id=MODEL_EOS,
                          generator: torch.Generator | None = None, on_token=None,
                          stats: SpeculationStats | None = None, greedy_rule=accept_greedy,
                          verifier: Verifier | None = None) -> torch.Tensor:
     """lesson 08's `generate(model, input_ids, max_new_tokens, sampling, ...)` for one prompt, input_ids (1, T), with
-    `drafter` guessing up to `k` tokens before each verify step -> (1, T + n_new). Greedy: generate's tokens;
-    sampling: generate's distribution. `stats` (a SpeculationStats) records every step; `on_token(ids (j,))` gets
+    `drafter` guessing up to `k` tokens before each verify step (or as many as `k`, a GuessSchedule, asks for each
+    step) -> (1, T + n_new). Greedy: generate's tokens; sampling: generate's distribution. `stats` (a SpeculationStats) records every step; `on_token(ids (j,))` gets
     each step's new tokens; `greedy_rule(draft, choices) -> n kept` is accept_greedy (or an exercise's answer);
-    `verifier` runs the verify steps (default a new eager `Verifier(model, T + max_new_tokens)`; section 6's
+    `verifier` runs the verify steps (default a new eager `Verifier(model, T + max_new_tokens)`; section 7's
     CompiledVerifier is lesson 12's compiled step)."""
     max_new_tokens = check_prompt(model, input_ids, max_new_tokens)
-    k = check_int("k", k, minimum=1)
+    schedule = k if isinstance(k, GuessSchedule) else GuessSchedule(k)
     B, T = input_ids.shape
     if B != 1:
         raise ValueError(f"speculative decoding runs one prompt at a time here (input_ids (1, T)), got a batch of {B}:"
@@ -118,6 +137,7 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
         raise ValueError(f"the verifier's cache holds batch {verifier.kv_cache.batch_size} x "
                          f"{verifier.kv_cache.max_len} positions; this call needs batch 1 x {end}")
     drafter.start(input_ids[0], end)
+    schedule.start()
     out = torch.empty(end, dtype=torch.long, device=input_ids.device)  # (T + new,): every id
     out[:T] = input_ids[0]
     n = T  # ids so far; the cache holds the keys and values of the first n - 1 (the newest is fed next)
@@ -150,7 +170,7 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
 
     done = emit(pick(scores_at(prefill(model, input_ids, verifier.kv_cache)[0], out[:0])))  # the first token, as generate's
     while not done:
-        m_max = min(k, end - n - 1)  # a step adds the kept guesses and one token more
+        m_max = min(schedule.guesses(), end - n - 1)  # a step adds the kept guesses and one token more
         draft = drafter.propose(out[:n], m_max, sampling, generator) if m_max > 0 else Draft(out[:0])
         guesses = draft.tokens[:m_max]  # (m,)
         m = len(guesses)
@@ -168,6 +188,7 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
         if stats is not None:
             stats.drafted.append(m)
             stats.kept.append(kept)
+        schedule.update(m, kept)
         done = emit(torch.cat([guesses[:kept], next_token]))
     return out[None, :n]
 
@@ -318,6 +339,78 @@ def chi_square_test(counts: torch.Tensor, probs: torch.Tensor, min_expected: flo
     return statistic, dof, float(p_value)
 
 
+class HeuristicGuesses(GuessSchedule):
+    """transformers' "heuristic" schedule for assisted generation: `first` guesses (default k) at the first step,
+    then two more after a step that kept every guess it made, one fewer after a rejection, always between 1 and k.
+    A step without a guess (the drafter had none) changes nothing."""
+
+    def __init__(self, k: int, first: int | None = None):
+        super().__init__(k)
+        self.first = self.k if first is None else min(check_int("first", first, minimum=1), self.k)
+        self.start()
+
+    def start(self):
+        self.current = self.first
+
+    def guesses(self):
+        return self.current
+
+    def update(self, drafted, kept):
+        if drafted:
+            self.current = min(self.current + 2, self.k) if kept == drafted else max(self.current - 1, 1)
+
+
+class CostAwareGuesses(GuessSchedule):
+    """Before each step, the number of guesses m among those of `costs` (0, a plain step, always among them) that
+    gives the most expected tokens per unit of time: (1 + a + ... + a^m) / (costs[m] + m * draft_cost).
+
+    costs: {m: the time of a verify step of m guesses / a plain step's}, measured on this machine; draft_cost: the
+    time of drafting one guess / a plain step's (0 for prompt lookup). a, the chance a guess is kept: kept guesses over
+    kept guesses and rejections, each step's counts weighing `memory` times as much one step later, plus one of
+    each, so that with no recent evidence a is one half. At the first step, and after `patience` steps in a row
+    without a guess, the fewest guesses it can run, whatever a says: without a guess now and then it would never
+    learn that guessing pays (again)."""
+
+    def __init__(self, costs: dict[int, float], draft_cost: float = 0.0, memory: float = 0.5, patience: int = 4):
+        self.costs = {0: 1.0} | {check_int("a number of guesses", m, minimum=0): float(c) for m, c in costs.items()}
+        super().__init__(max(max(self.costs), 1))
+        self.draft_cost, self.memory = draft_cost, memory
+        self.patience = check_int("patience", patience, minimum=1)
+        self.start()
+
+    def start(self):
+        self.kept = self.rejected = 0.0  # recent evidence, faded by `memory` at every step
+        self.plain_steps = self.patience  # steps in a row without a guess: the first step is a probe
+
+    @property
+    def acceptance(self) -> float:
+        return (self.kept + 1) / (self.kept + self.rejected + 2)
+
+    def guesses(self):
+        a = self.acceptance
+        best = max(self.costs, key=lambda m: sum(a**i for i in range(m + 1)) / (self.costs[m] + m * self.draft_cost))
+        if best == 0 and self.plain_steps >= self.patience:
+            return min(m for m in self.costs if m > 0)  # a probe: is guessing worth it again?
+        return best
+
+    def update(self, drafted, kept):
+        self.plain_steps = 0 if drafted else self.plain_steps + 1
+        self.kept = self.memory * self.kept + kept
+        self.rejected = self.memory * self.rejected + (kept < drafted)  # at most one rejection per step
+
+
+def measure_verify_costs(verifier: Verifier, sizes, pos: int = 0, reps: int = 5) -> dict[int, float]:
+    """{m: the time of a verify step of m guesses / the time of one without a guess} for every m in `sizes`, on
+    `verifier` at position pos: lesson 10's time_interleaved (a warm-up, which compiles a CompiledVerifier's graphs,
+    then `reps` interleaved rounds), medians. The keys and values it writes at pos.. are written over by the next
+    generation."""
+    newest = torch.zeros(1, dtype=torch.long, device=next(verifier.model.parameters()).device)  # (1,)
+    steps = {m: (lambda m=m: verifier(newest, newest.expand(m), pos)) for m in (0, *sizes)}
+    times, _ = time_interleaved(steps, newest.device, reps)
+    plain = statistics.median(times[0])
+    return {m: statistics.median(times[m]) / plain for m in sizes}
+
+
 def rows_times_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a (R, in) @ b (in, out) -> (R, out) for a few rows, as a multiply and a sum that inductor compiles to one
     loop over the out rows of b.T (the weight matrix, stored row by row): each weight row is read from memory once
@@ -330,60 +423,56 @@ MAX_VERIFY_ROWS = 16  # products of at most this many rows go through rows_times
 
 
 def cpu_verify_backend(graph_module, example_inputs):
-    """A torch.compile backend: lesson 12's cpu_decode_backend for a few rows, every product of up to
-    MAX_VERIFY_ROWS rows on CPU lowered by rows_times_matrix."""
-    from torch._inductor.compile_fx import compile_fx  # imported here: inductor takes seconds to import
-    from torch._inductor.decomposition import select_decomp_table
-
-    aten = torch.ops.aten
-    table = select_decomp_table()
-    inductor_mm = table[aten.mm.default]
-
-    def few_rows(a):
-        return a.device.type == "cpu" and a.shape[0] <= MAX_VERIFY_ROWS
-
-    def mm(a, b):
-        return rows_times_matrix(a, b) if few_rows(a) else inductor_mm(a, b)
-
-    def addmm(bias, a, b, beta=1, alpha=1):  # a Linear with a bias (GPT-2)
-        if few_rows(a) and beta == 1 and alpha == 1:
-            return bias + rows_times_matrix(a, b)
-        return NotImplemented  # inductor's own lowering
-
-    return compile_fx(graph_module, example_inputs,
-                      decompositions={**table, aten.mm.default: mm, aten.addmm.default: addmm})
+    """A torch.compile backend: lesson 12's cpu_decode_backend, every product of up to MAX_VERIFY_ROWS rows on CPU
+    lowered by rows_times_matrix."""
+    return cpu_decode_backend(graph_module, example_inputs, MAX_VERIFY_ROWS, rows_times_matrix)
 
 
 class CompiledVerifier(Verifier):
-    """The verify step through lesson 12's StaticDecodeStep `step` (its model, its static cache) for a fixed k:
-    decode_one_token compiled for k + 1 positions (on CPU by cpu_verify_backend, elsewhere inductor with CUDA graphs;
-    `backend` overrides it), drafts of fewer guesses padded to k; no guess: the step's own one-position graph. Near
-    the end of the cache, where k + 1 slots no longer fit, a step runs eagerly on the same cache."""
+    """The verify step through lesson 12's StaticDecodeStep `step` (its model, its static cache): decode_one_token
+    compiled for k + 1 positions, and for s + 1 positions for every s in `sizes` (on CPU by cpu_verify_backend,
+    elsewhere inductor with CUDA graphs; `backend` overrides it). A draft of m guesses runs the smallest graph that
+    holds it, padded; no guess, the step's own one-position graph. Near the end of the cache, where the graph's slots
+    no longer fit, a step runs eagerly on the same cache."""
 
-    def __init__(self, step: StaticDecodeStep, k: int, backend=None):
+    def __init__(self, step: StaticDecodeStep, k: int, backend=None, sizes=()):
         self.step, self.model, self.kv_cache = step, step.model, step.kv_cache
         self.k = check_int("k", k, minimum=1)
+        self.sizes = sorted({self.k, *(check_int("a size", s, minimum=1) for s in sizes)})  # numbers of guesses
+        if self.sizes[-1] > self.k:
+            raise ValueError(f"sizes are numbers of guesses up to k = {self.k}, got {self.sizes[-1]}")
         device = step.token.device
         if device.type == "cpu" and k + 1 > MAX_VERIFY_ROWS:
             raise ValueError(f"k must be at most {MAX_VERIFY_ROWS - 1} for the compiled verify step, got {k}")
-        self.tokens = torch.zeros(1, k + 1, dtype=torch.long, device=device)  # (1, k + 1): the graph's input
-        torch._dynamo.mark_static_address(self.tokens)
+        self.tokens = {s: torch.zeros(1, s + 1, dtype=torch.long, device=device) for s in self.sizes}  # the inputs
+        for tokens in self.tokens.values():
+            torch._dynamo.mark_static_address(tokens)  # (1, s + 1) each
         options = {}
         if backend is None:
             backend = cpu_verify_backend if device.type == "cpu" else "inductor"
             options = {} if device.type == "cpu" else {"mode": "reduce-overhead"}
         self.compiled = torch.compile(decode_one_token, backend=backend, fullgraph=True, dynamic=False, **options)
 
+    def restricted_to(self, sizes) -> "CompiledVerifier":
+        """This verifier with only the graphs of `sizes` (some of its own): the same compiled graphs, no new one."""
+        if not set(sizes) <= set(self.sizes):
+            raise ValueError(f"this verifier has graphs for {self.sizes} guesses, not for all of {sorted(sizes)}")
+        restricted = copy.copy(self)
+        restricted.sizes, restricted.k = sorted(set(sizes)), max(sizes)
+        return restricted
+
     @torch.inference_mode()
     def __call__(self, newest, guesses, pos):
         m = len(guesses)
         if m == 0:
             return self.step(newest[None], torch.tensor(pos))[0]  # (1, V): a plain step
-        if m > self.k or pos + self.k + 1 > self.kv_cache.max_len:
+        s = next((s for s in self.sizes if s >= m), None)  # the smallest graph that holds m guesses
+        if s is None or pos + s + 1 > self.kv_cache.max_len:
             return verify(self.model, self.kv_cache, newest, guesses, pos)  # (m + 1, V), eager
-        self.tokens[0, 0] = newest[0]
-        self.tokens[0, 1:m + 1] = guesses
-        self.tokens[0, m + 1:] = guesses[-1]  # padding: logits not read, keys and values written over later
+        tokens = self.tokens[s]  # (1, s + 1)
+        tokens[0, 0] = newest[0]
+        tokens[0, 1:m + 1] = guesses
+        tokens[0, m + 1:] = guesses[-1]  # padding: logits not read, keys and values written over later
         self.step.input_pos.fill_(pos)
-        logits = self.compiled(self.model, self.tokens, self.step.input_pos, self.kv_cache)  # (1, k + 1, V)
+        logits = self.compiled(self.model, tokens, self.step.input_pos, self.kv_cache)  # (1, s + 1, V)
         return logits[0, :m + 1]  # (m + 1, V)

@@ -18,8 +18,9 @@ from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.quantize import quantize_linears
 from hardway.sampling import SamplingConfig
-from hardway.speculative import (CompiledVerifier, ModelDrafter, PromptLookupDrafter, SpeculationStats, Verifier,
-                                 accept_greedy, accept_sampled, chi_square_test, draw_two_tokens, int8_drafter,
+from hardway.speculative import (CompiledVerifier, CostAwareGuesses, Draft, Drafter, HeuristicGuesses, ModelDrafter,
+                                 PromptLookupDrafter, SpeculationStats, Verifier, accept_greedy, accept_sampled,
+                                 chi_square_test, draw_two_tokens, int8_drafter, measure_verify_costs,
                                  rows_times_matrix, speculative_generate, two_token_tables)
 from hardway.tokenizer import load_tokenizer
 
@@ -123,6 +124,141 @@ def test_the_compiled_verify_step_is_generates_tokens_on_tiny_configs(tiny, name
             short_draft += sum(0 < m < k for m in stats.drafted)
     assert no_guess and short_draft, (no_guess, short_draft)
     assert counter.frame_count == 4, counter.frame_count  # one position, and k + 1 for each k
+
+
+def test_several_compiled_sizes_run_the_smallest_graph_that_fits_and_give_generates_tokens(tiny):
+    """One CompiledVerifier with graphs for 1, 2, 4 and 8 guesses, driven by both adaptive schedules: plain greedy's
+    tokens, every draft run by the smallest graph that holds it (one graph per size that ran, and more than one
+    size), and restricted_to(sizes) reusing those graphs without compiling another."""
+    model, _ = tiny["llama"]
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    step = StaticDecodeStep(model, max_len=12 + 24 + 8, backend=counter)  # k + 1 slots always fit: no eager step
+    verifier = CompiledVerifier(step, 8, backend=counter, sizes=(1, 2, 4))
+    assert verifier.sizes == [1, 2, 4, 8]
+    ran = set()
+    for schedule in (HeuristicGuesses(8, first=2), CostAwareGuesses({1: 1.1, 2: 1.2, 4: 1.4, 8: 1.8})):
+        for ids in prompts(model.config.vocab_size):
+            plain = generate(model, ids, max_new_tokens=24, eos_token_id=None)
+            stats = SpeculationStats()
+            out = speculative_generate(model, ids, PromptLookupDrafter(), schedule, max_new_tokens=24,
+                                       eos_token_id=None, verifier=verifier, stats=stats)
+            assert torch.equal(out, plain), (type(schedule).__name__, ids.tolist())
+            ran |= {next(s for s in verifier.sizes if s >= m) for m in stats.drafted if m}
+    assert len(ran) > 1, ran
+    assert counter.frame_count == 1 + len(ran), (counter.frame_count, ran)  # the plain step's graph and one a size
+    padded = verifier.restricted_to([4])
+    out = speculative_generate(model, prompts(model.config.vocab_size)[-1], PromptLookupDrafter(), 4,
+                               max_new_tokens=24, eos_token_id=None, verifier=padded)
+    assert torch.equal(out, generate(model, prompts(model.config.vocab_size)[-1], max_new_tokens=24,
+                                     eos_token_id=None))
+    assert counter.frame_count == 1 + len(ran | {4}), counter.frame_count
+    with pytest.raises(ValueError, match="up to k = 4"):
+        CompiledVerifier(step, 4, backend=counter, sizes=(8,))
+    with pytest.raises(ValueError, match="not for all"):
+        verifier.restricted_to([3])
+
+
+class ScriptedDrafter(Drafter):
+    """Guesses the model's own continuation `reference` where `right(N)` says so, a wrong token elsewhere; records
+    how many guesses each step asked for."""
+
+    def __init__(self, reference, right, vocab_size):
+        self.reference, self.right, self.vocab_size, self.asked = reference, right, vocab_size, []
+
+    def start(self, input_ids, max_len):
+        self.asked = []
+
+    def propose(self, ids, k, sampling=None, generator=None):
+        self.asked.append(k)
+        N = ids.shape[0]
+        guess = self.reference[N:N + k].clone()  # (m,)
+        if not self.right(N):
+            guess[0] = (guess[0] + 1) % self.vocab_size  # the first guess wrong: the step keeps none
+        return Draft(guess)
+
+
+def test_the_heuristic_schedule_grows_after_full_acceptance_and_shrinks_after_a_rejection():
+    schedule = HeuristicGuesses(8, first=3)
+    asked = []
+    for drafted, kept in ((3, 3), (5, 5), (7, 7), (8, 2), (7, 0), (0, 0), (6, 6), (8, 8)):
+        asked.append(schedule.guesses())
+        schedule.update(drafted, kept)
+    assert asked == [3, 5, 7, 8, 7, 6, 6, 8]  # +2 (capped at k), -1 per rejection, unchanged after no guess
+    schedule.start()
+    assert schedule.guesses() == 3  # a new generation starts over
+    for _ in range(12):
+        schedule.update(schedule.guesses(), 0)
+    assert schedule.guesses() == 1  # never below one guess
+
+
+def test_the_cost_aware_schedule_guesses_where_it_pays_and_stops_where_it_does_not():
+    costs = {1: 1.3, 2: 1.5, 4: 1.9, 8: 2.6}  # a CPU-like verify step: every guess costs something
+    schedule = CostAwareGuesses(costs)
+    assert schedule.acceptance == 0.5 and schedule.guesses() == 2  # E(2) / c(2) = 1.75 / 1.5 beats 1.5 / 1.3 and 1
+    for m in (2, 4, 8):
+        schedule.update(m, m)
+    assert schedule.acceptance > 0.85 and schedule.guesses() == 8  # every guess kept: the largest size
+    rejections = 0
+    while schedule.guesses() > 0:
+        schedule.update(schedule.guesses(), 0)
+        rejections += 1
+    assert 2 <= rejections <= 8, rejections  # rejections: down to a plain step, at a plain step's cost
+    plain_steps = 0
+    while schedule.guesses() == 0:
+        schedule.update(0, 0)
+        plain_steps += 1
+    assert 1 <= plain_steps <= 4 and schedule.guesses() == 1  # the evidence fades, and it tries one guess again
+    free = CostAwareGuesses({1: 1.0, 4: 1.0})
+    free.update(4, 0)
+    assert free.guesses() == 4  # guesses that cost nothing are always worth making
+    dear = CostAwareGuesses({4: 1.2}, draft_cost=0.5, patience=3)
+    asked = []
+    for drafted in (4, 0, 0, 0, 0):
+        asked.append(dear.guesses())
+        dear.update(drafted, 0)
+    assert asked == [4, 0, 0, 0, 4]  # the first step probes; half a step a guess does not pay at a < 1/2; after 3
+    # plain steps in a row, a probe again
+    schedule.start()
+    assert schedule.acceptance == 0.5  # a new generation starts over
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_adaptive_schedules_give_generates_tokens_and_follow_the_drafter(tiny, name):
+    """Both schedules, with prompt lookup, the other model and a scripted drafter (right for some positions, then
+    wrong): plain greedy's tokens; where the scripted guesses go wrong, the cost-aware schedule runs plain steps
+    between probes of one guess, and the heuristic keeps guessing."""
+    model, other = tiny[name]
+    V = model.config.vocab_size
+    for ids in prompts(V):
+        plain = generate(model, ids, max_new_tokens=30, eos_token_id=None)
+        T = ids.shape[1]
+        for schedule in (HeuristicGuesses(6), CostAwareGuesses({1: 1.1, 3: 1.3, 6: 1.6})):
+            scripted = ScriptedDrafter(plain[0], lambda N, T=T: N < T + 12, V)
+            for drafter in (PromptLookupDrafter(), ModelDrafter(other), scripted):
+                stats = SpeculationStats()
+                out = speculative_generate(model, ids, drafter, schedule, max_new_tokens=30, eos_token_id=None,
+                                           stats=stats)
+                assert torch.equal(out, plain), (type(schedule).__name__, type(drafter).__name__, ids.tolist())
+                assert max(stats.drafted) <= 6
+    ids = prompts(V)[0]
+    plain = generate(model, ids, max_new_tokens=60, eos_token_id=None)
+    wrong_from = ids.shape[1] + 20  # the scripted guesses are right before this length, wrong after
+    for schedule, most_plain in ((CostAwareGuesses({1: 1.35, 3: 1.7, 6: 2.1}), True), (HeuristicGuesses(6), False)):
+        stats = SpeculationStats()
+        speculative_generate(model, ids, ScriptedDrafter(plain[0], lambda N: N < wrong_from, V), schedule,
+                             max_new_tokens=60, eos_token_id=None, stats=stats)
+        lengths = ids.shape[1] + 1 + torch.tensor([0] + [k + 1 for k in stats.kept[:-1]]).cumsum(0)  # at each step
+        right = [m for m, N in zip(stats.drafted, lengths.tolist()) if N < wrong_from]
+        wrong = [m for m, N in zip(stats.drafted, lengths.tolist()) if N >= wrong_from + 4]
+        assert max(right) == 6, stats.drafted  # right guesses: the most guesses
+        assert (wrong.count(0) >= len(wrong) / 3) == most_plain, (type(schedule).__name__, wrong)  # plain steps
+
+
+def test_measure_verify_costs_times_every_size(tiny):
+    model, _ = tiny["gpt2"]
+    costs = measure_verify_costs(Verifier(model, 32), (1, 4), pos=3, reps=1)
+    assert set(costs) == {1, 4} and all(c > 0 for c in costs.values())
 
 
 def test_rows_times_matrix_is_a_matrix_product():
@@ -272,6 +408,7 @@ def test_the_command_line_speculates_with_the_same_text_and_refuses_bad_values(c
 
     base = ["generate", "--model", str(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")), "--device", "cpu",
             "--max-new-tokens", "6", "one two three one two three one two"]
+    capsys.readouterr()  # the stand-in's banner, printed once per process by checkpoint()
     assert cli.main(base) == 0
     plain = capsys.readouterr().out
     assert cli.main(base + ["--speculate", "lookup", "--k", "3"]) == 0  # the int8 drafter: the tests above
@@ -279,7 +416,37 @@ def test_the_command_line_speculates_with_the_same_text_and_refuses_bad_values(c
     for flags, words in ((["--speculate", "lookup", "--k", "0"], "--k must be"),
                          (["--speculate", "medusa"], "--speculate medusa"),
                          (["--k", "3"], "--k needs --speculate"),
-                         (["--speculate", "lookup", "--compile"], "--speculate")):
+                         (["--speculate", "lookup", "--k", "20", "--compile"], "--k must be in 1..15 with --compile")):
         assert cli.main(base + flags) == 2, flags
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], (flags, lines)
+
+
+def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch, capsys):
+    """generate --compile --speculate: lesson 12's step and lesson 17's CompiledVerifier, the text of plain decoding.
+    A 2-layer Llama with the SmolLM2 stand-in's tokenizer, its graphs traced by dynamo and run without code
+    generation (the "eager" backend): what is checked is the wiring, not inductor's code."""
+    import shutil
+
+    from hardway import cli, fast_decode, speculative
+
+    standin = checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2))
+    widened(hf.eval()).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(standin / name, tmp_path / name)
+    capsys.readouterr()  # the stand-in's banner, printed once per process by checkpoint()
+    verify_graphs = CompileCounterWithBackend("eager")
+    monkeypatch.setattr(fast_decode, "cpu_decode_backend", "eager")
+    monkeypatch.setattr(speculative, "cpu_verify_backend", verify_graphs)
+    base = ["generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "12",
+            "one two three one two three one two"]
+    assert cli.main(base) == 0
+    plain = capsys.readouterr().out
+    torch._dynamo.reset()
+    assert cli.main(base + ["--compile", "--speculate", "int8", "--k", "3"]) == 0  # int8 guesses at every step
+    assert capsys.readouterr().out == plain
+    assert verify_graphs.frame_count == 1  # the verify steps ran through lesson 17's graph of k + 1 positions
