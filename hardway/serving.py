@@ -456,8 +456,12 @@ class CompiledDecode:
         if backend is None and 1 in self.batch_sizes and use_decode_layout(weight.device, weight.dtype):
             self.models[1], one_row_backend = lay_out_rows(copy.deepcopy(model)), cpu_decode_backend
         backends = {b: (one_row_backend if b == 1 else backend) or "inductor" for b in self.batch_sizes}
-        self.graphs = {b: torch.compile(paged_decode_step, backend=backends[b], fullgraph=True, dynamic=False)
-                       for b in self.batch_sizes}  # one torch.compile per size: each compiles its own graph once
+        # One torch.compile per size: each compiles its own graph once, and is only ever called with the same model
+        # and cache, so the guards on their modules' attributes, checked before every call (milliseconds per step),
+        # are skipped; the guards on the tensors' shapes stay.
+        self.graphs = {b: torch.compile(paged_decode_step, backend=backends[b], fullgraph=True, dynamic=False,
+                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+                       for b in self.batch_sizes}
 
     def padded_size(self, n_rows: int) -> int | None:
         """The batch size a decode of n_rows runs at: the smallest compiled size that holds it (None: none does)."""
@@ -524,11 +528,13 @@ class ModelRunner:
     @staticmethod
     def row_width(n_new: list[int], n_positions: int) -> int:
         """The T of the (R, T) grid, by a rough cost model: a row costs its T tokens (padding included), plus about
-        4 tokens' worth of work of its own (its attention, its mask), plus the gather of n_positions keys and values
-        (about a 128th of a token each). Decodes alone get T = 1; a long chunk beside decodes, rows of a few tokens."""
+        one token's worth of work of its own (its row of the head, its attention, its mask), plus the gather of
+        n_positions keys and values (about a 128th of a token each); the per-row cost was timed on steps of this
+        engine, one CPU thread. Decodes alone get T = 1; decodes beside short prompts, rows of a few tokens rather
+        than decodes padded to the prompts' length; a long chunk beside decodes, rows of a few tokens too."""
         longest = max(n_new)
         widths = [w for w in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if w < longest] + [longest]
-        return min(widths, key=lambda w: sum(-(-n // w) for n in n_new) * (w + 4 + n_positions / 128))
+        return min(widths, key=lambda w: sum(-(-n // w) for n in n_new) * (w + 1 + n_positions / 128))
 
     def forward(self, seqs: list[Sequence], n_new: list[int]) -> torch.Tensor:
         """Compute the next n_new[i] tokens of each seqs[i] (whose keys/values enter the pool) in one forward pass

@@ -264,6 +264,11 @@ def test_row_width_keeps_decodes_at_one_and_splits_long_prefills():
     assert ModelRunner.row_width([5, 7], 20) == 7  # two short prompts: one row each
     width = ModelRunner.row_width([1] * 15 + [256], 300)  # decodes beside a long chunk: rows of less than 256
     assert 1 < width < 256
+    prompts = [25, 26, 27, 27, 28, 28, 28, 28]
+    assert ModelRunner.row_width(prompts, 28) == 28  # prompts of similar lengths alone: one row each
+    # 8 decodes beside 8 prompts of ~28 tokens: timed on one CPU thread, rows of 4 (480 ms) beat 8 (527 ms), 16 (575 ms)
+    # and one row per prompt (640 ms), which would pad every decode to 28 tokens
+    assert ModelRunner.row_width([1] * 8 + prompts, 60) == 4
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
