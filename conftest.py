@@ -17,8 +17,12 @@ def pytest_configure(config):
     import standins
 
     folder = Path(os.environ.get("HARDWAY_STANDINS", ROOT / "standins"))
-    standins.build(folder)
+    if not hasattr(config, "workerinput"):  # the main process builds them once; the test workers it starts reuse them
+        standins.build(folder)
     os.environ["HARDWAY_MODELS"] = str(folder)
-    # Two cores: let torch use both, and keep the notebook kernels from oversubscribing them.
-    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    # pytest-xdist runs the tests in `-n` worker processes at once (pyproject): the cores are shared among them, one
+    # thread each on two cores, so torch's threads never outnumber the cores. The workers inherit this environment,
+    # and so does every notebook kernel they start.
+    workers = getattr(config.option, "numprocesses", None) or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -41,7 +41,7 @@ def test_the_numerics_hold_under_avx2_kernels():
         pytest.skip("this CPU has no AVX2 kernels to switch to")
     if capability(dict(os.environ)) == "AVX2":
         print("this CPU runs AVX2 kernels already: the child repeats the same kernels")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NUMERICS],
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", *NUMERICS],
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-2000:]
