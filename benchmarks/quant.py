@@ -52,6 +52,9 @@ from hardway.timing import time_interleaved  # noqa: E402
 from hardway.verify import eval_text, perplexity, window_nlls  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Every compiled row is another model through the same decode_one_token: a recompilation each, which dynamo caps at 8
+# per function by default; with --c-loop-fp32-rows there are 11.
+torch._dynamo.config.recompile_limit = 32
 TABLE = Path(__file__).resolve().parent / "quant_results.json"
 
 
