@@ -116,10 +116,10 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
                          verifier: Verifier | None = None) -> torch.Tensor:
     """lesson 08's `generate(model, input_ids, max_new_tokens, sampling, ...)` for one prompt, input_ids (1, T), with
     `drafter` guessing up to `k` tokens before each verify step (or as many as `k`, a GuessSchedule, asks for each
-    step) -> (1, T + n_new). Greedy: generate's tokens; sampling: generate's distribution. `stats` (a SpeculationStats) records every step; `on_token(ids (j,))` gets
-    each step's new tokens; `greedy_rule(draft, choices) -> n kept` is accept_greedy (or an exercise's answer);
-    `verifier` runs the verify steps (default a new eager `Verifier(model, T + max_new_tokens)`; section 7's
-    CompiledVerifier is lesson 12's compiled step)."""
+    step) -> (1, T + n_new). Greedy: generate's tokens; sampling: generate's distribution. `stats` (a
+    SpeculationStats) records every step; `on_token(ids (j,))` gets each step's new tokens; `greedy_rule(draft,
+    choices) -> n kept` is accept_greedy (or an exercise's answer); `verifier` runs the verify steps (default a new
+    eager `Verifier(model, T + max_new_tokens)`; section 7's CompiledVerifier is lesson 12's compiled step)."""
     max_new_tokens = check_prompt(model, input_ids, max_new_tokens)
     schedule = k if isinstance(k, GuessSchedule) else GuessSchedule(k)
     B, T = input_ids.shape
