@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import library  # custom operators, which torch.compile calls without looking inside
 
 from hardway.fast_decode import cpu_decode_backend, lay_out_rows, use_decode_layout  # lesson 12
+from hardway.llama import MLP, Attention, apply_rope  # lesson 09
 from hardway.loading import CausalLM
 from hardway.sampling import SamplingConfig, sample_next_token  # lesson 07
 from hardway.streaming import Detokenizer  # lesson 11
@@ -414,15 +415,81 @@ class OneDNNLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # no activation fused
 
 
+class MergedLinear(nn.Module):
+    """Several nn.Linear layers that read the same input (a layer's q, k and v projections; an MLP's gate and up),
+    as one matrix for oneDNN: their weights stacked, (sum of outs, in), packed once. For several rows, one call
+    instead of one per layer: the input is read once, and one larger product keeps oneDNN's kernel busier than three
+    small ones. The outputs come side by side, (..., sum of outs), in the order of `sizes`; split them."""
+
+    def __init__(self, linears: list[nn.Linear], rows: int = 16):
+        super().__init__()
+        self.sizes = [layer.out_features for layer in linears]
+        weight = torch.cat([layer.weight.detach() for layer in linears])  # (sum of outs, in)
+        self.bias = None if linears[0].bias is None else torch.cat([layer.bias.detach() for layer in linears])
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)  # oneDNN's layout, as OneDNNLinear's
+
+    def forward(self, x):  # (..., in) -> (..., sum of outs)
+        if torch.compiler.is_compiling():
+            return onednn_linear(x, self.packed, self.bias, sum(self.sizes))
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class MergedAttention(Attention):
+    """Lesson 09's attention with q, k and v computed by one MergedLinear when there are several rows, and o_proj a
+    OneDNNLinear. One row keeps the three projections of its own (torch's kernel, as generate() computes them);
+    everything between the projections is lesson 09's."""
+
+    def __init__(self, attn: Attention):
+        nn.Module.__init__(self)
+        self.layer_idx, self.n_head, self.n_kv_head, self.head_dim = (attn.layer_idx, attn.n_head, attn.n_kv_head,
+                                                                      attn.head_dim)
+        self.q_proj, self.k_proj, self.v_proj = attn.q_proj, attn.k_proj, attn.v_proj  # one row's: torch's kernel
+        self.o_proj = OneDNNLinear(attn.o_proj)
+        self.qkv_proj = MergedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
+
+    def qkv(self, x, cos, sin):  # x: (B, T, C); cos, sin: (T, d)
+        if x.numel() == x.shape[-1]:  # one row
+            return super().qkv(x, cos, sin)
+        B, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)  # (B, T, n_head * d), (B, T, n_kv_head * d) x 2
+        q = q.reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, n_head, T, d)
+        k = k.reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
+        v = v.reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+class MergedMLP(MLP):
+    """Lesson 09's SwiGLU with gate and up computed by one MergedLinear when there are several rows (one row: each
+    its own, as generate()), and down_proj a OneDNNLinear."""
+
+    def __init__(self, mlp: MLP):
+        nn.Module.__init__(self)
+        self.gate_proj, self.up_proj = mlp.gate_proj, mlp.up_proj  # one row's: torch's kernel
+        self.down_proj = OneDNNLinear(mlp.down_proj)
+        self.gate_up_proj = MergedLinear([mlp.gate_proj, mlp.up_proj])
+
+    def forward(self, x):  # (B, T, C)
+        if x.numel() == x.shape[-1]:  # one row
+            return super().forward(x)
+        gate, up = self.gate_up_proj(x).split(self.gate_up_proj.sizes, dim=-1)  # (B, T, H) each
+        return self.down_proj(F.silu(gate) * up)  # (B, T, C)
+
+
 def with_onednn_linears(model: nn.Module) -> nn.Module:
-    """A twin of `model` whose nn.Linear layers are OneDNNLinear, sharing every parameter and buffer (each linear
-    layer adds its packed copy): the engine computes with it, while `model` itself, and generate() on it, stay as
-    they were."""
+    """A twin of `model` for the engine, sharing every parameter and buffer: lesson 09's attention and MLP become
+    MergedAttention and MergedMLP, every other nn.Linear a OneDNNLinear. Each oneDNN matrix is a packed copy of its
+    weights; `model` itself, and generate() on it, stay as they were."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     twin = copy.deepcopy(model, memo=shared)  # the modules copied, the tensors in `shared` not
-    for module in list(twin.modules()):
+    for module in list(twin.modules()):  # as they were before this loop: the merged ones made here are not visited
+        if type(module) in (Attention, MLP):
+            continue  # replaced whole by its parent's turn
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is Attention:
+                setattr(module, name, MergedAttention(child))
+            elif type(child) is MLP:
+                setattr(module, name, MergedMLP(child))
+            elif type(child) is nn.Linear:
                 setattr(module, name, OneDNNLinear(child))
     return twin
 

@@ -14,8 +14,9 @@ from hardway.hub import checkpoint
 from hardway.kv_cache import KVCache
 from hardway.loading import load
 from hardway.sampling import SamplingConfig
-from hardway.serving import (BlockManager, Engine, ModelRunner, OneDNNLinear, OutputProcessor, PagedKVCache,
-                             PoolTooSmallError, SamplingParams, Scheduler, Sequence, apply_stop, slot_of)
+from hardway.serving import (BlockManager, Engine, MergedAttention, MergedMLP, ModelRunner, OneDNNLinear,
+                             OutputProcessor, PagedKVCache, PoolTooSmallError, SamplingParams, Scheduler, Sequence,
+                             apply_stop, slot_of)
 from hardway.streaming import Detokenizer
 from hardway.tokenizer import load_tokenizer
 
@@ -450,9 +451,10 @@ def test_compiled_decode_with_the_cpu_backend_equals_generate(tiny_llama):
 
 
 def test_compiled_decode_of_several_rows_keeps_onednn(tiny_llama):
-    """The graph of several rows is traced from the oneDNN twin: every linear layer in it (7 per block, and the
-    head) is the opaque custom op hardway::onednn_linear, none a matrix product the compiler would lower itself;
-    the graph of one row keeps torch's linear (lesson 12's matrix-vector products lower those)."""
+    """The graph of several rows is traced from the oneDNN twin: every matrix product in it (4 per block: q, k and v
+    merged, o, gate and up merged, down; and the head) is the opaque custom op hardway::onednn_linear, none a matrix
+    product the compiler would lower itself; the graph of one row keeps torch's 7 linear layers per block (lesson
+    12's matrix-vector products lower those)."""
     from torch._dynamo.testing import EagerAndRecordGraphs
 
     model, tokenizer = tiny_llama
@@ -461,6 +463,35 @@ def test_compiled_decode_of_several_rows_keeps_onednn(tiny_llama):
     one_row, four_rows = recorder.graphs  # compiled in order of size
     def calls(graph, name):
         return sum(name in str(node.target) for node in graph.graph.nodes if node.op == "call_function")
-    n_linears = 7 * model.config.num_hidden_layers + 1
-    assert calls(four_rows, "onednn_linear") == n_linears and calls(four_rows, "linear") == n_linears
+    n_layers = model.config.num_hidden_layers
+    n_products, n_linears = 4 * n_layers + 1, 7 * n_layers + 1
+    assert calls(four_rows, "onednn_linear") == n_products and calls(four_rows, "linear") == n_products
     assert calls(one_row, "onednn_linear") == 0 and calls(one_row, "linear") == n_linears
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_merged_projections_equal_the_separate_ones(tiny_llama):
+    """The twin's MergedAttention and MergedMLP: several rows through one stacked oneDNN matrix each, equal to lesson
+    09's separate projections within fp32 rounding; one row bit for bit torch's own (generate()'s arithmetic); every
+    parameter shared with the model, none copied."""
+    model = tiny_llama[0]
+    twin = ModelRunner(model, n_blocks=8, block_size=4).model
+    block, twin_block = model.blocks[0], twin.blocks[0]
+    assert isinstance(twin_block.attn, MergedAttention) and isinstance(twin_block.mlp, MergedMLP)
+    assert twin_block.attn.qkv_proj.sizes == [64, 32, 32] and twin_block.mlp.gate_up_proj.sizes == [96, 96]
+    cos, sin = model.rope(torch.arange(3), torch.float32)  # (T, d) each
+    torch.manual_seed(1)
+    with torch.inference_mode():
+        for rows in (5, 1):
+            x = torch.randn(rows, 3 if rows > 1 else 1, 64)  # (B, T, C)
+            c, s = cos[:x.shape[1]], sin[:x.shape[1]]
+            for ref, got in zip(block.attn.qkv(x, c, s), twin_block.attn.qkv(x, c, s)):
+                assert ref.shape == got.shape
+                if rows == 1:
+                    assert torch.equal(ref, got), "one row's q, k, v are not torch's own"
+                else:
+                    assert (ref - got).abs().max() <= 1e-5 * ref.abs().max(), "merged q, k, v differ beyond rounding"
+            ref, got = block.mlp(x), twin_block.mlp(x)
+            assert torch.equal(ref, got) if rows == 1 else (ref - got).abs().max() <= 1e-5 * ref.abs().max()
+    twin_params = dict(twin.named_parameters())
+    assert all(any(t is p for t in twin_params.values()) for p in model.parameters()), "the twin copied a parameter"
