@@ -205,10 +205,11 @@ needs_c = pytest.mark.skipif(not c_loops_available(), reason="no C compiler with
 @needs_c  # the last two groups are ones the AVX-512 code does not take: the plain C loops run
 @pytest.mark.parametrize("bits, group", [(8, None), (8, 32), (4, 32), (4, 64), (8, 16), (4, 6)])
 def test_the_c_loop_multiplies_as_the_dequantized_weight(bits, group):
-    """The row kept in fp32: the products of the dequantized weight, summed in another order."""
+    """By default the row stays in fp32 (on a CPU with VNNI too): the products of the dequantized weight, summed in
+    another order."""
     torch.manual_seed(0)
     linear = nn.Linear(192, 320)
-    layer = QuantizedLinear.from_linear(linear, bits, group).use_c_loop(quantize_activations=False)
+    layer = QuantizedLinear.from_linear(linear, bits, group).use_c_loop()
     x, prompt = torch.randn(1, 1, 192), torch.randn(2, 5, 192)
     w = layer.dequantized_weight()  # (320, 192)
     with torch.no_grad():
@@ -246,7 +247,8 @@ def test_the_integer_c_loop_multiplies_by_the_rounded_row(bits, group, shape):
     minimum term times the exact sum of x), to fp32 rounding. So its distance from the fp32 row's product is bounded
     by the rounding itself: per output, the sum over columns of |w| times half a step of that column's block."""
     torch.manual_seed(0)
-    layer = QuantizedLinear.from_linear(nn.Linear(shape[1], shape[0], bias=False), bits, group).use_c_loop()
+    layer = QuantizedLinear.from_linear(nn.Linear(shape[1], shape[0], bias=False), bits, group)
+    layer.use_c_loop(quantize_activations=True)
     x = torch.randn(1, 1, shape[1]) * 3
     if bits == 8:
         w, w_min = layer.dequantized_weight().double(), torch.zeros(shape, dtype=torch.float64)  # (out, in)
