@@ -222,8 +222,8 @@ class QuantizedLinear(nn.Module):
         elif x.numel() == self.in_features:  # one row: decoding's matrix-vector product
             x1 = x.reshape(self.in_features)  # (in,)
             if self.c_loop:
-                y = (c_matvec_int8(x1, self.q, self.scales, self.c_loop_quantizes) if self.bits == 8
-                     else c_matvec_int4(x1, self.q, self.scales, self.mins, self.c_loop_quantizes))
+                y = (c_matvec_int8(x1, [self.q], [self.scales], self.c_loop_quantizes) if self.bits == 8
+                     else c_matvec_int4(x1, [self.q], [self.scales], [self.mins], self.c_loop_quantizes))
             else:
                 y = (matvec_int8(x1, self.q, self.scales) if self.bits == 8
                      else matvec_int4(x1, self.q, self.scales, self.mins))
