@@ -310,7 +310,8 @@ def heights(tensors: list[torch.Tensor]) -> ctypes.Array:
 
 
 @library.custom_op("hardway::c_matvec_int8", mutates_args=())
-def c_matvec_int8(x: torch.Tensor, qs: list[torch.Tensor], scales: list[torch.Tensor], quantize_x: bool) -> torch.Tensor:
+def c_matvec_int8(x: torch.Tensor, qs: list[torch.Tensor], scales: list[torch.Tensor],
+                  quantize_x: bool) -> torch.Tensor:
     """x (in,) fp32 times each int8 matrix qs[m] (out_m, in) with fp16 scales[m] (out_m, groups), in C, in one call
     -> (out_0 + out_1 + ...,): the answers one after the other. quantize_x: x rounded to int8 in blocks of 32 first,
     where the CPU has VNNI and the groups are multiples of 32."""
@@ -338,7 +339,7 @@ def c_matvec_int4(x: torch.Tensor, packed: list[torch.Tensor], scales: list[torc
 
 
 @c_matvec_int8.register_fake
-def c_matvec_int8_shape(x, qs, scales, quantize_x):  # what torch.compile traces: the shape of the answer, no computation
+def c_matvec_int8_shape(x, qs, scales, quantize_x):  # what torch.compile traces: the answer's shape, no computation
     return x.new_empty(sum(q.shape[0] for q in qs))
 
 
