@@ -348,8 +348,13 @@ def c_matvec_int4_shape(x, packed, scales, mins, quantize_x):
     return x.new_empty(sum(p.shape[0] for p in packed))
 
 
-C_OPS = (torch.ops.hardway.c_matvec_int8.default, torch.ops.hardway.c_matvec_int4.default)
+C_OPS = ("hardway::c_matvec_int8", "hardway::c_matvec_int4")  # by name: an operator defined again is a new object
 SAME_ROW = ("reshape", "view", "contiguous")  # methods that give the same numbers in the same order
+
+
+def is_c_loop(node: fx.Node) -> bool:
+    """Whether a traced graph's node calls one of the C loops' operators."""
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.name() in C_OPS
 
 
 def row_source(node: fx.Node) -> fx.Node:
@@ -366,7 +371,7 @@ def group_c_loops(gm: fx.GraphModule) -> int:
     the first call of its set (graph inputs and attributes are), so the graph's order stays valid."""
     sets: dict[tuple, list[fx.Node]] = {}
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in C_OPS:
+        if is_c_loop(node):
             sets.setdefault((node.target, row_source(node.args[0]), node.args[-1]), []).append(node)
     order = {node: k for k, node in enumerate(gm.graph.nodes)}
     removed = 0

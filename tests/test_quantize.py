@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hardway
-from hardway.c_loops import C_OPS, c_loops_available, c_loops_quantize_activations, group_c_loops
+from hardway.c_loops import c_loops_available, c_loops_quantize_activations, group_c_loops, is_c_loop
 from hardway.fast_decode import StaticDecodeStep
 from hardway.gguf import read_gguf, smollm2_gguf
 from hardway.hub import checkpoint
@@ -281,7 +281,7 @@ def test_the_c_loop_runs_inside_a_compiled_function():
 
 
 def c_calls(gm) -> int:
-    return sum(node.op == "call_function" and node.target in C_OPS for node in gm.graph.nodes)
+    return sum(map(is_c_loop, gm.graph.nodes))
 
 
 @needs_c
