@@ -7,10 +7,12 @@ Q4_1 blocks, side by side in one process, with llama.cpp on the same GGUF (and o
 
 Every hardway format decodes with lesson 12's compiled static-shape step (inductor on CPU, the quantized layers'
 one-row products fused into loops over the integers); the rows named "C loop" send those one-row products to
-hardway.c_loops' C loops instead, inside the same compiled step (where a C compiler is found). On a CPU with
-AVX512-VNNI those loops round each input row to int8 in blocks of 32 first, so their perplexity is scored with every
-quantized layer's input rounded the same way (the arithmetic of the loops, on the prompt windows);
-`--c-loop-fp32-rows` adds the same loops with the row kept in fp32, for comparison. `--eager` adds the
+hardway.c_loops' C loops instead, on the fp32 row, inside the same compiled step (where a C compiler is found), with
+the calls that share a row merged (group_c_loops: q, k, v one call, gate and up another).
+`--c-loop-one-call-a-layer` adds the same loops without the merging, for comparison. `--c-loop-int8-rows` adds, on a
+CPU with AVX512-VNNI, the integer loops, which round each input row to int8 in blocks of 32 first, so their perplexity
+is scored with every quantized layer's input rounded the same way (the arithmetic of the loops, on the prompt
+windows). `--eager` adds the
 eager step with torch's own CPU weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and fp32
 eager. Batch 1, greedy, the same prompt ids, a fixed number of new tokens, a full-length warm-up, then interleaved
 repetitions (medians); the read bandwidth (a 1 GiB sum) is sampled in the same rounds. Quantized formats may pick
@@ -40,8 +42,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.decode import llama_cpp_generate, prompt_ids  # noqa: E402
-from hardway.c_loops import c_loops_available, c_loops_quantize_activations  # noqa: E402
-from hardway.fast_decode import StaticDecodeStep  # noqa: E402
+from hardway.c_loops import c_loop_decode_backend, c_loops_available, c_loops_quantize_activations  # noqa: E402
+from hardway.fast_decode import StaticDecodeStep, lay_out_rows  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.gguf import smollm2_gguf  # noqa: E402
 from hardway.hub import checkpoint  # noqa: E402
@@ -53,7 +55,7 @@ from hardway.verify import eval_text, perplexity, window_nlls  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Every compiled row is another model through the same decode_one_token: a recompilation each, which dynamo caps at 8
-# per function by default; with --c-loop-fp32-rows there are 11.
+# per function by default; with both C-loop flags there are 14.
 torch._dynamo.config.recompile_limit = 32
 TABLE = Path(__file__).resolve().parent / "quant_results.json"
 
@@ -128,8 +130,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
     parser.add_argument("--llama-cpp-f32", metavar="GGUF", help="an F32 GGUF of the same weights, for llama.cpp's Q8_0")
     parser.add_argument("--no-c-loop", action="store_true", help="leave out the C loops (hardway.c_loops)")
-    parser.add_argument("--c-loop-fp32-rows", action="store_true",
-                        help="also time the C loops with the input row kept in fp32 (no int8 rounding)")
+    parser.add_argument("--c-loop-int8-rows", action="store_true",
+                        help="also time the C loops with the input row rounded to int8 (AVX512-VNNI only)")
+    parser.add_argument("--c-loop-one-call-a-layer", action="store_true",
+                        help="also time the C loops with one call a layer (the calls that share a row not merged)")
     parser.add_argument("--table", type=Path, default=TABLE, help="where to write the table as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -155,30 +159,35 @@ def main(argv=None) -> dict:
         for name, m in formats.items():
             quality[name] = perplexity(window_nlls(lambda x, m=m: forward_once(m, x), corpus, 512, 256))
 
-    def compiled_run(m):  # a model's own compiled step and static cache, as a run to time
-        step = StaticDecodeStep(m, max_len=ids.shape[1] + n)
+    def compiled_run(m, backend=None):  # a model's own compiled step and static cache, as a run to time
+        if backend is not None:
+            lay_out_rows(m)  # what StaticDecodeStep does on CPU with its own backend
+        step = StaticDecodeStep(m, max_len=ids.shape[1] + n, backend=backend)
         return lambda: step.generate(ids, n, eos_token_id=None)
 
     fns = {name: compiled_run(formats[name]) for name in timed_formats}
     scored = {}  # a timed engine -> the format whose perplexity is its own
     if c_loops_available() and not args.no_c_loop:  # the same weights, one row through hardway.c_loops' C loops
-        rounding = c_loops_quantize_activations()  # every format below takes the integer loops where this is True
+        rounding = args.c_loop_int8_rows and c_loops_quantize_activations()  # the integer loops, where they run
+        variants = [("", False, True)] + [(", one call a layer", False, False)] * args.c_loop_one_call_a_layer
+        variants += [(", int8 row", True, True)] * rounding
         for name, bits, group in [("int8, per row", 8, None), ("int8, groups of 32", 8, 32),
                                   ("int4, groups of 32", 4, 32)]:
-            for quantize_x in [True, False] if args.c_loop_fp32_rows and rounding else [True]:
+            for suffix, quantize_x, grouped in variants:
                 m = quantize_linears(load(gguf_path), bits, group)
                 for layer in m.modules():
                     if isinstance(layer, QuantizedLinear):
                         layer.use_c_loop(quantize_activations=quantize_x)
-                row = f"{name}, C loop" + ("" if quantize_x else ", fp32 row")
-                fns[row] = compiled_run(m)
+                row = f"{name}, C loop{suffix}"
+                fns[row] = compiled_run(m, c_loop_decode_backend if grouped else None)
                 scored[row] = name
             if rounding:  # the integer loops' own perplexity: each quantized layer's input rounded as they round it
                 m = formats[name]
                 hooks = [layer.register_forward_pre_hook(lambda layer, args: (round_activations(args[0]),))
                          for layer in m.modules() if isinstance(layer, QuantizedLinear)]
                 with torch.inference_mode():
-                    quality[f"{name}, C loop"] = perplexity(window_nlls(lambda x: forward_once(m, x), corpus, 512, 256))
+                    quality[f"{name}, C loop, int8 row"] = perplexity(
+                        window_nlls(lambda x: forward_once(m, x), corpus, 512, 256))
                 for hook in hooks:
                     hook.remove()
     if args.eager:

@@ -2,9 +2,10 @@
 
 """A one-row product in C (lesson 16): the int8 and int4 matrix-vector loops written as plain C, compiled by the
 system's C compiler on first use (cached by the hash of the source, the flags and the CPU), called through ctypes,
-and registered as torch operators so that a compiled decode step calls them too. On a CPU with AVX512-VNNI the loops
-first round the input row to int8 in blocks of 32 (llama.cpp's Q8_0 for activations) and multiply integers by
-integers; elsewhere they multiply the weights, converted to fp32, by the fp32 row. No compiler, or a failed build:
+and registered as torch operators so that a compiled decode step calls them too. They multiply the weights, converted
+to fp32, by the fp32 row; asked to (quantize_x), on a CPU with AVX512-VNNI, they first round the row to int8 in blocks
+of 32 (llama.cpp's Q8_0 for activations) and multiply integers by integers. One call multiplies the row by several
+matrices (group_c_loops merges a compiled step's q, k, v and gate, up calls). No compiler, or a failed build:
 `c_loops_available()` is False and QuantizedLinear keeps its torch loops."""
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from functools import cache
 from pathlib import Path
 
 import torch
-from torch import library  # custom operators, which torch.compile calls without looking inside
+from torch import fx, library  # fx: the graphs torch.compile traces; library: operators it calls without looking inside
+
+from hardway.fast_decode import cpu_decode_backend  # lesson 12
 
 C_SOURCE = r"""
 #include <math.h>
@@ -38,6 +41,16 @@ C_SOURCE = r"""
 #endif
 int quantizes_activations(void) { return VNNI; }
 
+/* Each entry point below multiplies one row x by n matrices that share it (q, k and v; gate and up; or one alone),
+   in one call and one parallel region. y holds the n answers one after the other: row r of y is row i of matrix m,
+   which split_row finds by walking the n heights (outs). */
+static inline long split_row(long r, const long *outs, long *m) {
+    long k = 0;
+    while (r >= outs[k]) r -= outs[k++];
+    *m = k;
+    return r;
+}
+
 /* The input row as int8 in blocks of 32 (Q8_0's arithmetic): a block's scale xs is its largest |x| over 127, and
    xq = x / xs rounded to the nearest integer (ties to even, as torch.round), so x ~ xs * xq. */
 static void quantize_row(const float *x, long in, int8_t *xq, float *xs) {
@@ -49,78 +62,83 @@ static void quantize_row(const float *x, long in, int8_t *xq, float *xs) {
     }
 }
 
-#if VNNI
-/* y[r] = sum over blocks b of 32 columns of scale[r, b's group] * xs[b] * (q[r, b] . xq[b]): the dot products in
-   int32, 64 bytes (two blocks) per instruction; one float multiply-add per two blocks. vpdpbusd multiplies unsigned
-   bytes by signed ones, so it gets |w| and x with w's sign: |w| * (sign(w) x) = w x. */
-static void matvec_int8_vnni(const float *x, const int8_t *q, const _Float16 *scales, float *y, long out, long in,
-                             long group, int threads) {
-    long blocks = in / 32, groups = in / group;
-    int8_t xq[in];
-    float xs[blocks];
-    long group_of[blocks];  /* each block's group, so no division in the loop */
-    quantize_row(x, in, xq, xs);
-    for (long b = 0; b < blocks; b++) group_of[b] = b * 32 / group;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long r = 0; r < out; r++) {
-        const int8_t *w = q + r * in;
-        const _Float16 *s = scales + r * groups;
+/* One row w of int8 weights (scales s, one per group) times the fp32 x: sum over groups g of s[g] (w_g . x_g). */
+static inline float row_int8(const float *x, const int8_t *w, const _Float16 *s, long in, long group) {
+    long groups = in / group;
+#ifdef __AVX512F__
+    if (group % 32 == 0) {  /* 16 lanes, two running sums (a multiply-add waits for the one before it) */
         __m512 acc = _mm512_setzero_ps();
-        for (long b = 0; b < blocks; b += 2) {  /* lanes 0-7 sum block b, lanes 8-15 block b + 1 */
-            int two = b + 1 < blocks;
-            __mmask64 bytes = two ? ~0ULL : 0xFFFFFFFFULL;  /* an odd number of blocks: the last one alone */
-            __m512i wv = _mm512_maskz_loadu_epi8(bytes, w + b * 32);
-            __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + b * 32);
-            __m512i signed_x = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), signed_x);
-            __m512 scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps((float)s[group_of[b]] * xs[b]),
-                                                _mm512_set1_ps(two ? (float)s[group_of[b + 1]] * xs[b + 1] : 0));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+        for (long g = 0; g < groups; g++) {
+            __m512 dot0 = _mm512_setzero_ps(), dot1 = _mm512_setzero_ps();
+            for (long j = g * group; j < (g + 1) * group; j += 32) {
+                dot0 = _mm512_fmadd_ps(I8X16(w + j), _mm512_loadu_ps(x + j), dot0);
+                dot1 = _mm512_fmadd_ps(I8X16(w + j + 16), _mm512_loadu_ps(x + j + 16), dot1);
+            }
+            acc = _mm512_fmadd_ps(_mm512_add_ps(dot0, dot1), _mm512_set1_ps((float)s[g]), acc);
         }
-        y[r] = _mm512_reduce_add_ps(acc);
+        return _mm512_reduce_add_ps(acc);  /* one sum across the lanes per row, not per group */
     }
+#endif
+    float acc = 0;
+    for (long g = 0; g < groups; g++) {
+        float dot = 0;
+        for (long j = g * group; j < (g + 1) * group; j++) dot += (float)w[j] * x[j];
+        acc += (float)s[g] * dot;
+    }
+    return acc;
+}
+
+#if VNNI
+/* The same row against x rounded to int8 (xq, one scale xs a block of 32): sum over blocks b of
+   s[b's group] * xs[b] * (w_b . xq_b), the dot products in int32, 64 bytes (two blocks) per instruction. vpdpbusd
+   multiplies unsigned bytes by signed ones, so it gets |w| and x with w's sign: |w| * (sign(w) x) = w x. */
+static inline float row_int8_vnni(const int8_t *xq, const float *xs, const long *group_of, const int8_t *w,
+                                  const _Float16 *s, long blocks) {
+    __m512 acc = _mm512_setzero_ps();
+    for (long b = 0; b < blocks; b += 2) {  /* lanes 0-7 sum block b, lanes 8-15 block b + 1 */
+        int two = b + 1 < blocks;
+        __mmask64 bytes = two ? ~0ULL : 0xFFFFFFFFULL;  /* an odd number of blocks: the last one alone */
+        __m512i wv = _mm512_maskz_loadu_epi8(bytes, w + b * 32);
+        __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + b * 32);
+        __m512i signed_x = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), signed_x);
+        __m512 scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps((float)s[group_of[b]] * xs[b]),
+                                            _mm512_set1_ps(two ? (float)s[group_of[b + 1]] * xs[b + 1] : 0));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
 }
 #endif
 
-/* y[r] = sum over groups g of scale[r, g] * (q[r, g-th group] . x[g-th group]); one group a row: one scale a row.
-   quantize_x (and VNNI, and blocks of 32 that fit the groups): the integer loop above; else x stays fp32. */
-void matvec_int8(const float *x, const int8_t *q, const _Float16 *scales, float *y, long out, long in, long group,
-                 int threads, int quantize_x) {
+/* y = each int8 matrix q[m] (outs[m] rows of `in`, scales[m] a row) times x, one after the other. quantize_x (and
+   VNNI, and blocks of 32 that fit the groups): the integer loop above; else x stays fp32. */
+void matvec_int8(const float *x, long n, const int8_t *const *q, const _Float16 *const *scales, const long *outs,
+                 float *y, long in, long group, int threads, int quantize_x) {
+    long rows = 0, groups = in / group;
+    for (long m = 0; m < n; m++) rows += outs[m];
 #if VNNI
     if (quantize_x && group % 32 == 0) {
-        matvec_int8_vnni(x, q, scales, y, out, in, group, threads);
+        long blocks = in / 32;
+        int8_t xq[in];
+        float xs[blocks];
+        long group_of[blocks];  /* each block's group, so no division in the loop */
+        quantize_row(x, in, xq, xs);
+        for (long b = 0; b < blocks; b++) group_of[b] = b * 32 / group;
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (long r = 0; r < rows; r++) {
+            long m, i = split_row(r, outs, &m);
+            y[r] = row_int8_vnni(xq, xs, group_of, q[m] + i * in, scales[m] + i * groups, blocks);
+        }
         return;
     }
 #endif
-    long groups = in / group;
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long r = 0; r < out; r++) {
-        const int8_t *w = q + r * in;
-        const _Float16 *s = scales + r * groups;
-#ifdef __AVX512F__
-        if (group % 32 == 0) {  /* 16 lanes, two running sums (a multiply-add waits for the one before it) */
-            __m512 acc = _mm512_setzero_ps();
-            for (long g = 0; g < groups; g++) {
-                __m512 dot0 = _mm512_setzero_ps(), dot1 = _mm512_setzero_ps();
-                for (long j = g * group; j < (g + 1) * group; j += 32) {
-                    dot0 = _mm512_fmadd_ps(I8X16(w + j), _mm512_loadu_ps(x + j), dot0);
-                    dot1 = _mm512_fmadd_ps(I8X16(w + j + 16), _mm512_loadu_ps(x + j + 16), dot1);
-                }
-                acc = _mm512_fmadd_ps(_mm512_add_ps(dot0, dot1), _mm512_set1_ps((float)s[g]), acc);
-            }
-            y[r] = _mm512_reduce_add_ps(acc);  /* one sum across the lanes per row, not per group */
-            continue;
-        }
-#endif
-        float acc = 0;
-        for (long g = 0; g < groups; g++) {
-            float dot = 0;
-            for (long j = g * group; j < (g + 1) * group; j++) dot += (float)w[j] * x[j];
-            acc += (float)s[g] * dot;
-        }
-        y[r] = acc;
+    for (long r = 0; r < rows; r++) {
+        long m, i = split_row(r, outs, &m);
+        y[r] = row_int8(x, q[m] + i * in, scales[m] + i * groups, in, group);
     }
 }
+
 /* int4 in GGUF's Q4 order: in each group, byte j holds column j (low nibble) and column j + group / 2 (high).
    w = d q + m, so a group contributes d (q . x) + m (sum of its x); the sums of x are computed once per call. */
 static void group_sums(const float *x, long groups, long group, float *xsum) {
@@ -131,89 +149,95 @@ static void group_sums(const float *x, long groups, long group, float *xsum) {
     }
 }
 
+static inline float row_int4(const float *x, const float *xsum, const uint8_t *row, const _Float16 *d,
+                             const _Float16 *mn, long in, long group) {
+    long groups = in / group, half = group / 2;
+    float mins = 0;
+    for (long g = 0; g < groups; g++) mins += (float)mn[g] * xsum[g];
+#ifdef __AVX512F__
+    if (half % 16 == 0) {
+        __m512 acc = _mm512_setzero_ps();
+        for (long g = 0; g < groups; g++) {
+            const float *xg = x + g * group;
+            __m512 dot = _mm512_setzero_ps();
+            for (long k = 0; k < half; k += 16) {
+                __m128i b = _mm_loadu_si128((const __m128i *)(row + g * half + k));
+                dot = _mm512_fmadd_ps(LOW4(b), _mm512_loadu_ps(xg + k), dot);
+                dot = _mm512_fmadd_ps(HIGH4(b), _mm512_loadu_ps(xg + half + k), dot);
+            }
+            acc = _mm512_fmadd_ps(dot, _mm512_set1_ps((float)d[g]), acc);
+        }
+        return _mm512_reduce_add_ps(acc) + mins;
+    }
+#endif
+    float acc = 0;
+    for (long g = 0; g < groups; g++) {
+        const uint8_t *b = row + g * half;
+        const float *xg = x + g * group;
+        float dot = 0;
+        for (long j = 0; j < half; j++) dot += (float)(b[j] & 15) * xg[j] + (float)(b[j] >> 4) * xg[j + half];
+        acc += (float)d[g] * dot;
+    }
+    return acc + mins;
+}
+
 #if VNNI
-/* Groups of 32 only (Q4_1's): a group's 16 bytes hold its 32 nibbles, and its x is one block of quantize_row, which
-   is split into the halves the low and the high nibbles meet: x_low[16 g + j] = xq[32 g + j], x_high the next 16.
-   Nibbles are 0..15: unsigned bytes as they are, vpdpbusd's first operand. 64 bytes = four groups, 4 lanes each. */
-static void matvec_int4_vnni(const float *x, const uint8_t *p, const _Float16 *d, const _Float16 *m, float *y,
-                             long out, long in, int threads) {
-    long groups = in / 32;
-    int8_t xq[in], x_low[in / 2], x_high[in / 2];
-    float xs[groups], xsum[groups];
-    quantize_row(x, in, xq, xs);
-    group_sums(x, groups, 32, xsum);  /* the minimum's term from fp32 x: exact as before */
-    for (long g = 0; g < groups; g++)
-        for (long j = 0; j < 16; j++) x_low[16 * g + j] = xq[32 * g + j], x_high[16 * g + j] = xq[32 * g + 16 + j];
+/* Groups of 32 only (Q4_1's): a group's 16 bytes hold its 32 nibbles, and its x is one block of quantize_row, split
+   into the halves the low and the high nibbles meet: x_low[16 g + j] = xq[32 g + j], x_high the next 16. Nibbles
+   are 0..15: unsigned bytes as they are, vpdpbusd's first operand. 64 bytes = four groups, 4 lanes each. */
+static inline float row_int4_vnni(const int8_t *x_low, const int8_t *x_high, const float *xs, const float *xsum,
+                                  const uint8_t *row, const _Float16 *d, const _Float16 *mn, long groups) {
     const __m512i four_lanes_each = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m512i nibble = _mm512_set1_epi8(15);
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long r = 0; r < out; r++) {
-        const uint8_t *row = p + r * (in / 2);
-        const _Float16 *dr = d + r * groups, *mr = m + r * groups;
-        float mins = 0;
-        for (long g = 0; g < groups; g++) mins += (float)mr[g] * xsum[g];
-        __m512 acc = _mm512_setzero_ps();
-        for (long g = 0; g < groups; g += 4) {
-            long n = groups - g < 4 ? groups - g : 4;  /* the last step may hold fewer groups: masked */
-            __mmask64 bytes = n == 4 ? ~0ULL : (1ULL << (16 * n)) - 1;
-            __m512i b = _mm512_maskz_loadu_epi8(bytes, row + 16 * g);
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(b, nibble),
-                                              _mm512_maskz_loadu_epi8(bytes, x_low + 16 * g));
-            dot = _mm512_dpbusd_epi32(dot, _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble),
-                                      _mm512_maskz_loadu_epi8(bytes, x_high + 16 * g));
-            __mmask8 lanes = (1 << n) - 1;
-            __m128 ds = _mm_mul_ps(_mm_cvtph_ps(_mm_maskz_loadu_epi16(lanes, dr + g)), _mm_maskz_loadu_ps(lanes, xs + g));
-            __m512 scale = _mm512_permutexvar_ps(four_lanes_each, _mm512_castps128_ps512(ds));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
-        }
-        y[r] = _mm512_reduce_add_ps(acc) + mins;
+    float mins = 0;
+    for (long g = 0; g < groups; g++) mins += (float)mn[g] * xsum[g];
+    __m512 acc = _mm512_setzero_ps();
+    for (long g = 0; g < groups; g += 4) {
+        long n = groups - g < 4 ? groups - g : 4;  /* the last step may hold fewer groups: masked */
+        __mmask64 bytes = n == 4 ? ~0ULL : (1ULL << (16 * n)) - 1;
+        __m512i b = _mm512_maskz_loadu_epi8(bytes, row + 16 * g);
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(b, nibble),
+                                          _mm512_maskz_loadu_epi8(bytes, x_low + 16 * g));
+        dot = _mm512_dpbusd_epi32(dot, _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble),
+                                  _mm512_maskz_loadu_epi8(bytes, x_high + 16 * g));
+        __mmask8 lanes = (1 << n) - 1;
+        __m128 ds = _mm_mul_ps(_mm_cvtph_ps(_mm_maskz_loadu_epi16(lanes, d + g)), _mm_maskz_loadu_ps(lanes, xs + g));
+        __m512 scale = _mm512_permutexvar_ps(four_lanes_each, _mm512_castps128_ps512(ds));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
     }
+    return _mm512_reduce_add_ps(acc) + mins;
 }
 #endif
 
-void matvec_int4(const float *x, const uint8_t *p, const _Float16 *d, const _Float16 *m, float *y, long out,
-                 long in, long group, int threads, int quantize_x) {
+/* y = each int4 matrix p[m] (outs[m] rows of in / 2 bytes; scales d[m], minimums mins[m]) times x, one after the
+   other. quantize_x (and VNNI, and groups of 32): the integer loop above; else x stays fp32. */
+void matvec_int4(const float *x, long n, const uint8_t *const *p, const _Float16 *const *d,
+                 const _Float16 *const *mins, const long *outs, float *y, long in, long group, int threads,
+                 int quantize_x) {
+    long rows = 0, groups = in / group;
+    for (long m = 0; m < n; m++) rows += outs[m];
+    float xsum[groups];
+    group_sums(x, groups, group, xsum);  /* the minimum's term from fp32 x, in either loop */
 #if VNNI
     if (quantize_x && group == 32) {
-        matvec_int4_vnni(x, p, d, m, y, out, in, threads);
+        int8_t xq[in], x_low[in / 2], x_high[in / 2];
+        float xs[groups];
+        quantize_row(x, in, xq, xs);
+        for (long g = 0; g < groups; g++)
+            for (long j = 0; j < 16; j++) x_low[16 * g + j] = xq[32 * g + j], x_high[16 * g + j] = xq[32 * g + 16 + j];
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (long r = 0; r < rows; r++) {
+            long m, i = split_row(r, outs, &m);
+            y[r] = row_int4_vnni(x_low, x_high, xs, xsum, p[m] + i * (in / 2), d[m] + i * groups,
+                                 mins[m] + i * groups, groups);
+        }
         return;
     }
 #endif
-    long groups = in / group, half = group / 2;
-    float xsum[groups];
-    group_sums(x, groups, group, xsum);
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long r = 0; r < out; r++) {
-        const uint8_t *row = p + r * (in / 2);
-        const _Float16 *dr = d + r * groups, *mr = m + r * groups;
-        float mins = 0;
-        for (long g = 0; g < groups; g++) mins += (float)mr[g] * xsum[g];
-#ifdef __AVX512F__
-        if (half % 16 == 0) {
-            __m512 acc = _mm512_setzero_ps();
-            for (long g = 0; g < groups; g++) {
-                const float *xg = x + g * group;
-                __m512 dot = _mm512_setzero_ps();
-                for (long k = 0; k < half; k += 16) {
-                    __m128i b = _mm_loadu_si128((const __m128i *)(row + g * half + k));
-                    dot = _mm512_fmadd_ps(LOW4(b), _mm512_loadu_ps(xg + k), dot);
-                    dot = _mm512_fmadd_ps(HIGH4(b), _mm512_loadu_ps(xg + half + k), dot);
-                }
-                acc = _mm512_fmadd_ps(dot, _mm512_set1_ps((float)dr[g]), acc);
-            }
-            y[r] = _mm512_reduce_add_ps(acc) + mins;
-            continue;
-        }
-#endif
-        float acc = 0;
-        for (long g = 0; g < groups; g++) {
-            const uint8_t *b = row + g * half;
-            const float *xg = x + g * group;
-            float dot = 0;
-            for (long j = 0; j < half; j++) dot += (float)(b[j] & 15) * xg[j] + (float)(b[j] >> 4) * xg[j + half];
-            acc += (float)dr[g] * dot;
-        }
-        y[r] = acc + mins;
+    for (long r = 0; r < rows; r++) {
+        long m, i = split_row(r, outs, &m);
+        y[r] = row_int4(x, xsum, p[m] + i * (in / 2), d[m] + i * groups, mins[m] + i * groups, in, group);
     }
 }
 """
@@ -260,8 +284,8 @@ def c_library() -> ctypes.CDLL | None:
             return None
     c = ctypes.CDLL(str(lib))
     p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    c.matvec_int8.argtypes = [p, p, p, p, n, n, n, i, i]
-    c.matvec_int4.argtypes = [p, p, p, p, p, n, n, n, i, i]
+    c.matvec_int8.argtypes = [p, n, p, p, p, p, n, n, i, i]
+    c.matvec_int4.argtypes = [p, n, p, p, p, p, p, n, n, i, i]
     return c
 
 
@@ -275,34 +299,102 @@ def c_loops_quantize_activations() -> bool:
     return c_loops_available() and bool(c_library().quantizes_activations())
 
 
+def pointers(tensors: list[torch.Tensor]) -> ctypes.Array:
+    """The tensors' data addresses as a C array (`const T *const *` on the C side)."""
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+def heights(tensors: list[torch.Tensor]) -> ctypes.Array:
+    """The tensors' numbers of rows as a C array of longs."""
+    return (ctypes.c_long * len(tensors))(*[t.shape[0] for t in tensors])
+
+
 @library.custom_op("hardway::c_matvec_int8", mutates_args=())
-def c_matvec_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, quantize_x: bool) -> torch.Tensor:
-    """x (in,) fp32 times int8 q (out, in) with fp16 scales (out, groups) -> (out,), in C. quantize_x: x rounded to
-    int8 in blocks of 32 first, where the CPU has VNNI and the groups are multiples of 32."""
-    x, y = x.contiguous(), x.new_empty(q.shape[0])
-    c_library().matvec_int8(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), q.shape[0], q.shape[1],
-                            q.shape[1] // scales.shape[1], torch.get_num_threads(), quantize_x)
+def c_matvec_int8(x: torch.Tensor, qs: list[torch.Tensor], scales: list[torch.Tensor],
+                  quantize_x: bool) -> torch.Tensor:
+    """x (in,) fp32 times each int8 matrix qs[m] (out_m, in) with fp16 scales[m] (out_m, groups), in C, in one call
+    -> (out_0 + out_1 + ...,): the answers one after the other. quantize_x: x rounded to int8 in blocks of 32 first,
+    where the CPU has VNNI and the groups are multiples of 32."""
+    x = x.contiguous()
+    y = x.new_empty(sum(q.shape[0] for q in qs))
+    in_features = qs[0].shape[1]
+    c_library().matvec_int8(x.data_ptr(), len(qs), pointers(qs), pointers(scales), heights(qs), y.data_ptr(),
+                            in_features, in_features // scales[0].shape[1], torch.get_num_threads(), quantize_x)
     return y
 
 
 @library.custom_op("hardway::c_matvec_int4", mutates_args=())
-def c_matvec_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+def c_matvec_int4(x: torch.Tensor, packed: list[torch.Tensor], scales: list[torch.Tensor], mins: list[torch.Tensor],
                   quantize_x: bool) -> torch.Tensor:
-    """x (in,) fp32 times int4 packed (out, in / 2) with fp16 scales and mins (out, groups) -> (out,), in C.
-    quantize_x: x rounded to int8 in blocks of 32 first, where the CPU has VNNI and the groups are of 32."""
-    x, y = x.contiguous(), x.new_empty(packed.shape[0])
-    in_features = 2 * packed.shape[1]
-    c_library().matvec_int4(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), mins.data_ptr(), y.data_ptr(),
-                            packed.shape[0], in_features, in_features // scales.shape[1], torch.get_num_threads(),
-                            quantize_x)
+    """x (in,) fp32 times each int4 matrix packed[m] (out_m, in / 2) with fp16 scales[m] and mins[m] (out_m, groups),
+    in C, in one call -> (out_0 + out_1 + ...,). quantize_x: x rounded to int8 in blocks of 32 first, where the CPU
+    has VNNI and the groups are of 32."""
+    x = x.contiguous()
+    y = x.new_empty(sum(p.shape[0] for p in packed))
+    in_features = 2 * packed[0].shape[1]
+    c_library().matvec_int4(x.data_ptr(), len(packed), pointers(packed), pointers(scales), pointers(mins),
+                            heights(packed), y.data_ptr(), in_features, in_features // scales[0].shape[1],
+                            torch.get_num_threads(), quantize_x)
     return y
 
 
 @c_matvec_int8.register_fake
-def c_matvec_int8_shape(x, q, scales, quantize_x):  # what torch.compile traces: the shape of the answer, no computation
-    return x.new_empty(q.shape[0])
+def c_matvec_int8_shape(x, qs, scales, quantize_x):  # what torch.compile traces: the answer's shape, no computation
+    return x.new_empty(sum(q.shape[0] for q in qs))
 
 
 @c_matvec_int4.register_fake
 def c_matvec_int4_shape(x, packed, scales, mins, quantize_x):
-    return x.new_empty(packed.shape[0])
+    return x.new_empty(sum(p.shape[0] for p in packed))
+
+
+C_OPS = ("hardway::c_matvec_int8", "hardway::c_matvec_int4")  # by name: an operator defined again is a new object
+SAME_ROW = ("reshape", "view", "contiguous")  # methods that give the same numbers in the same order
+
+
+def is_c_loop(node: fx.Node) -> bool:
+    """Whether a traced graph's node calls one of the C loops' operators."""
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.name() in C_OPS
+
+
+def row_source(node: fx.Node) -> fx.Node:
+    """The node whose values a C loop's row is: through reshapes and views (each layer reshapes its own input)."""
+    while node.op == "call_method" and node.target in SAME_ROW:
+        node = node.args[0]
+    return node
+
+
+def group_c_loops(gm: fx.GraphModule) -> int:
+    """Merge, in a traced graph, the C-loop calls that multiply the same row (same operator, same quantize_x) into
+    one call over all their matrices, whose answer is cut back into each: a Llama block's q, k and v become one call,
+    its gate and up another. In place; returns how many calls it removed. Only where every matrix is defined before
+    the first call of its set (graph inputs and attributes are), so the graph's order stays valid."""
+    sets: dict[tuple, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if is_c_loop(node):
+            sets.setdefault((node.target, row_source(node.args[0]), node.args[-1]), []).append(node)
+    order = {node: k for k, node in enumerate(gm.graph.nodes)}
+    removed = 0
+    for (op, _, quantize_x), calls in sets.items():
+        lists = [[t for call in calls for t in call.args[k]] for k in range(1, len(calls[0].args) - 1)]
+        if len(calls) < 2 or any(order[t] > order[calls[0]] for ts in lists for t in ts):
+            continue
+        with gm.graph.inserting_before(calls[0]):
+            merged = gm.graph.call_function(op, (calls[0].args[0], *lists, quantize_x))
+            start = 0
+            for call in calls:
+                rows = call.meta["example_value"].shape[0]
+                piece = gm.graph.call_function(torch.narrow, (merged, 0, start, rows))  # (rows,): this call's answer
+                call.replace_all_uses_with(piece)
+                start += rows
+        for call in calls:  # only now: the first call was the place to insert before
+            gm.graph.erase_node(call)
+        removed += len(calls) - 1
+    gm.recompile()
+    return removed
+
+
+def c_loop_decode_backend(gm: fx.GraphModule, example_inputs):
+    """A torch.compile backend for a decode step with C loops: group_c_loops, then lesson 12's cpu_decode_backend."""
+    group_c_loops(gm)
+    return cpu_decode_backend(gm, example_inputs)

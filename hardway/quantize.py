@@ -145,8 +145,8 @@ class QuantizedLinear(nn.Module):
     dequantize the weight, then multiply: the plain version. One row (a decoded token) goes through matvec_int8 /
     matvec_int4, which lesson 12's compiled step turns into one loop over the integers. `use_kernel()` switches to
     torch's own CPU weight-only kernels instead (`_weight_int8pack_mm`, one scale a row; `_weight_int4pack_mm_for_cpu`);
-    `use_c_loop()` sends the one-row product to hardway.c_loops' C loops (which, on a CPU with AVX512-VNNI, round
-    the row to int8 first unless `quantize_activations=False`)."""
+    `use_c_loop()` sends the one-row product to hardway.c_loops' C loops, on the fp32 row
+    (`use_c_loop(quantize_activations=True)`: on a CPU with AVX512-VNNI, the row rounded to int8 first)."""
 
     def __init__(self, bits: int, in_features: int, out_features: int, group_size: int | None, q, scales, mins=None,
                  bias=None):
@@ -205,10 +205,10 @@ class QuantizedLinear(nn.Module):
             self.kernel = (lambda x, w, s: aten._weight_int4pack_mm_for_cpu(x, w, group, s), packed, scales_and_zeros)
         return self
 
-    def use_c_loop(self, quantize_activations: bool = True) -> "QuantizedLinear":
-        """One row (a decoded token) through the C loops of hardway.c_loops, on the weight as stored. With
-        `quantize_activations` (and a CPU with AVX512-VNNI, groups that are multiples of 32: 32 for int4), the row is
-        rounded to int8 in blocks of 32 and multiplied integer by integer; else it stays fp32."""
+    def use_c_loop(self, quantize_activations: bool = False) -> "QuantizedLinear":
+        """One row (a decoded token) through the C loops of hardway.c_loops, on the weight as stored and the row in
+        fp32. With `quantize_activations=True` (and a CPU with AVX512-VNNI, groups that are multiples of 32: 32 for
+        int4), the row is rounded to int8 in blocks of 32 and multiplied integer by integer instead."""
         if not c_loops_available():
             raise QuantizationError("the C loops could not be built: no C compiler with OpenMP and _Float16 "
                                     "(GCC 12 or clang 15 and later) as `cc` or $CC")
@@ -222,8 +222,8 @@ class QuantizedLinear(nn.Module):
         elif x.numel() == self.in_features:  # one row: decoding's matrix-vector product
             x1 = x.reshape(self.in_features)  # (in,)
             if self.c_loop:
-                y = (c_matvec_int8(x1, self.q, self.scales, self.c_loop_quantizes) if self.bits == 8
-                     else c_matvec_int4(x1, self.q, self.scales, self.mins, self.c_loop_quantizes))
+                y = (c_matvec_int8(x1, [self.q], [self.scales], self.c_loop_quantizes) if self.bits == 8
+                     else c_matvec_int4(x1, [self.q], [self.scales], [self.mins], self.c_loop_quantizes))
             else:
                 y = (matvec_int8(x1, self.q, self.scales) if self.bits == 8
                      else matvec_int4(x1, self.q, self.scales, self.mins))

@@ -12,9 +12,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hardway
-from hardway.c_loops import c_loops_available, c_loops_quantize_activations
+from hardway.c_loops import c_loops_available, c_loops_quantize_activations, group_c_loops, is_c_loop
+from hardway.fast_decode import StaticDecodeStep
 from hardway.gguf import read_gguf, smollm2_gguf
 from hardway.hub import checkpoint
+from hardway.llama import Llama, ModelConfig
 from hardway.quantize import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks,
                               gguf_quantized, matvec_int4, pack_nibbles, quantize_activations, quantize_int4,
                               quantize_int8, quantize_linears, round_activations, unpack_nibbles, weights_nbytes)
@@ -205,10 +207,11 @@ needs_c = pytest.mark.skipif(not c_loops_available(), reason="no C compiler with
 @needs_c  # the last two groups are ones the AVX-512 code does not take: the plain C loops run
 @pytest.mark.parametrize("bits, group", [(8, None), (8, 32), (4, 32), (4, 64), (8, 16), (4, 6)])
 def test_the_c_loop_multiplies_as_the_dequantized_weight(bits, group):
-    """The row kept in fp32: the products of the dequantized weight, summed in another order."""
+    """By default the row stays in fp32 (on a CPU with VNNI too): the products of the dequantized weight, summed in
+    another order."""
     torch.manual_seed(0)
     linear = nn.Linear(192, 320)
-    layer = QuantizedLinear.from_linear(linear, bits, group).use_c_loop(quantize_activations=False)
+    layer = QuantizedLinear.from_linear(linear, bits, group).use_c_loop()
     x, prompt = torch.randn(1, 1, 192), torch.randn(2, 5, 192)
     w = layer.dequantized_weight()  # (320, 192)
     with torch.no_grad():
@@ -246,7 +249,8 @@ def test_the_integer_c_loop_multiplies_by_the_rounded_row(bits, group, shape):
     minimum term times the exact sum of x), to fp32 rounding. So its distance from the fp32 row's product is bounded
     by the rounding itself: per output, the sum over columns of |w| times half a step of that column's block."""
     torch.manual_seed(0)
-    layer = QuantizedLinear.from_linear(nn.Linear(shape[1], shape[0], bias=False), bits, group).use_c_loop()
+    layer = QuantizedLinear.from_linear(nn.Linear(shape[1], shape[0], bias=False), bits, group)
+    layer.use_c_loop(quantize_activations=True)
     x = torch.randn(1, 1, shape[1]) * 3
     if bits == 8:
         w, w_min = layer.dequantized_weight().double(), torch.zeros(shape, dtype=torch.float64)  # (out, in)
@@ -274,6 +278,72 @@ def test_the_c_loop_runs_inside_a_compiled_function():
     with torch.no_grad():
         assert torch.equal(compiled(x), layer(x * 2) + 1)  # the same C loop on the same row, compiled or not
         assert not torch.equal(compiled(x), torch.ones(1, 1, 96))  # which did multiply
+
+
+def c_calls(gm) -> int:
+    return sum(map(is_c_loop, gm.graph.nodes))
+
+
+@needs_c
+@pytest.mark.parametrize("bits", [8, 4])
+def test_group_c_loops_merges_only_the_calls_that_share_a_row(bits):
+    """Three layers on one row and a fourth on another: the three become one call, the fourth stays; and a layer that
+    rounds its row to int8 is not merged with one that keeps it in fp32. The answers are the same numbers."""
+    torch.manual_seed(0)
+    a, b, c, d, rounding = [QuantizedLinear.from_linear(nn.Linear(64, n, bias=False), bits, 32)
+                            for n in (64, 32, 32, 96, 32)]
+    for layer in (a, b, c, d):
+        layer.use_c_loop()
+    rounding.use_c_loop(quantize_activations=True)
+
+    def f(x):  # x (1, 1, 64)
+        x = x * 2
+        return torch.cat([a(x), b(x), c(x) + 1, d(x + 1), rounding(x)], -1)  # (1, 1, 288)
+
+    counts = []
+
+    def grouping(gm, example_inputs):  # the pass, then the graph run as traced (no compiler in between)
+        counts.append(c_calls(gm))
+        counts.append(group_c_loops(gm))
+        counts.append(c_calls(gm))
+        return gm.forward
+
+    x = torch.randn(1, 1, 64)
+    with torch.no_grad():
+        assert torch.equal(torch.compile(f, backend=grouping, fullgraph=True)(x), f(x))
+    assert counts == [5, 2, 3]
+
+
+@needs_c
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_grouped_decode_step_makes_four_c_calls_a_block_and_the_same_logits(bits):
+    """A 2-layer Llama's compiled decode step: 7 C-loop calls a block and the head (15) become 4 a block and the head
+    (9): q, k, v one call, gate and up another. Each row of a merged answer is the same loop on the same row, so
+    the logits are those of the ungrouped step, exactly."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                         tie_word_embeddings=True)
+    model = quantize_linears(Llama(config).eval(), bits, 32)
+    for layer in model.modules():
+        if isinstance(layer, QuantizedLinear):
+            layer.use_c_loop()
+    counts = []
+
+    def grouping(gm, example_inputs):
+        counts.append(c_calls(gm))
+        group_c_loops(gm)
+        counts.append(c_calls(gm))
+        return gm.forward
+
+    ids = torch.randint(0, 120, (1, 5))
+    grouped, plain = StaticDecodeStep(model, 12, backend=grouping), StaticDecodeStep(model, 12, backend="eager")
+    with torch.inference_mode():
+        tokens = grouped.generate(ids, 4, eos_token_id=None)  # (1, 9)
+        assert torch.equal(tokens, plain.generate(ids, 4, eos_token_id=None))
+        last, pos = tokens[:, -1:], torch.tensor(tokens.shape[1] - 1)
+        assert torch.equal(grouped(last, pos), plain(last, pos))  # (1, 1, 120): every logit
+    assert counts == [15, 9]
 
 
 def test_use_c_loop_without_a_compiler_says_so(monkeypatch):
