@@ -11,13 +11,15 @@ SmolLM2-135M-Instruct (the stand-in has its real weights), fp32, CPU, batch 1, g
 template, generation until the end of the answer or --new-tokens. Two paths, each speculative run against plain
 decoding on the same path: lesson 08's eager steps (`generate`, `speculative_generate`), and lesson 12's compiled
 step (`StaticDecodeStep`, the fastest plain decoding of the course) with lesson 17's `CompiledVerifier` for prompt
-lookup (one more graph per k; `--no-compile` skips them). Besides a constant k (every draft padded to k on the
-compiled path), two schedules that choose the guesses step by step, up to the largest k: transformers' heuristic
-(`HeuristicGuesses`) and the cost-aware choice (`CostAwareGuesses`, from the verify costs this run measures first,
-per path); on the compiled path they run the smallest graph of --ks that holds each draft. Every speculative output
-is asserted identical to plain decoding's tokens. Times: one warm-up of every configuration (the compilations happen there), then --reps
-interleaved rounds, medians. Acceptance is kept guesses over guesses, tokens per step is new tokens per verify step;
-each kind of prompt sums its prompts' new tokens and median times.
+lookup (one more graph per k, its products of k + 1 rows by oneDNN on a packed copy of the weights, lesson 14's
+`with_onednn_linears`; `--no-onednn` lowers them by `rows_times_matrix` instead; `--no-compile` skips them). Besides
+a constant k (every draft padded to k on the compiled path), two schedules that choose the guesses step by step, up
+to the largest k: transformers' heuristic (`HeuristicGuesses`) and the cost-aware choice (`CostAwareGuesses`, from
+the verify costs this run measures first, per path); on the compiled path they run the smallest graph of --ks that
+holds each draft. Every speculative output is asserted identical to plain decoding's tokens. Times: one warm-up of
+every configuration (the compilations happen there), then --reps interleaved rounds, medians. Acceptance is kept
+guesses over guesses, tokens per step is new tokens per verify step; each kind of prompt sums its prompts' new tokens
+and median times.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from hardway.hub import checkpoint  # noqa: E402
 from hardway.loading import load  # noqa: E402
 from hardway.speculative import (CompiledVerifier, CostAwareGuesses, HeuristicGuesses, PromptLookupDrafter,  # noqa: E402
                                  SpeculationStats, Verifier, int8_drafter, measure_verify_costs, speculative_generate)
+from hardway.serving import OneDNNLinear  # noqa: E402
 from hardway.timing import time_interleaved  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -96,6 +99,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-transformers", action="store_true", help="hardway's runs only")
     parser.add_argument("--no-compile", action="store_true",
                         help="eager runs only (no compiled plain step, no compiled verify step)")
+    parser.add_argument("--no-onednn", action="store_true",
+                        help="the compiled verify step's products by rows_times_matrix, not oneDNN")
     parser.add_argument("--prompts", default=None, help="comma-separated names of PROMPTS to run (default all)")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.reps < 1 or args.threads < 1 or not args.ks or min(args.ks + args.int8_ks) < 1:
@@ -125,7 +130,11 @@ def main(argv=None) -> int:
         from hardway.fast_decode import StaticDecodeStep  # lesson 12; imported here: inductor is slow to import
 
         step = StaticDecodeStep(copy.deepcopy(model), max_len=longest + k_max)
-        multi = CompiledVerifier(step, k_max, sizes=args.ks)  # lesson 17: a graph of k + 1 positions for every k
+        # lesson 17: a graph of k + 1 positions for every k
+        multi = CompiledVerifier(step, k_max, sizes=args.ks, onednn=not args.no_onednn)
+        packed = sum(m.packed.nbytes for m in multi.rows_model.modules() if isinstance(m, OneDNNLinear))
+        print(f"compiled verify step: products by {'rows_times_matrix' if args.no_onednn else 'oneDNN'}; "
+              f"packed copy of the weights {packed / 2**20:.0f} MiB", flush=True)
         verifiers = {k: multi.restricted_to([k]) for k in args.ks}  # constant k: every draft padded to k
         costs["compiled"] = measure_verify_costs(multi, args.ks, pos, reps=5)  # the graphs compile here
     print(f"verify step of m guesses / a step without: load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")

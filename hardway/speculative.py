@@ -18,6 +18,7 @@ from hardway.generation import MODEL_EOS, check_prompt, decode_one_token, prefil
 from hardway.loading import CausalLM  # lesson 06
 from hardway.quantize import quantize_linears  # lesson 16
 from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
+from hardway.serving import onednn_linear_pays, with_onednn_linears  # lesson 14
 from hardway.timing import time_interleaved  # lesson 10
 
 
@@ -419,23 +420,28 @@ def rows_times_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (b.T.unsqueeze(1) * a.unsqueeze(0)).sum(dim=-1).T  # (out, 1, in) * (1, R, in), summed over in -> (R, out)
 
 
-MAX_VERIFY_ROWS = 16  # products of at most this many rows go through rows_times_matrix: k + 1 <= 16
+MAX_VERIFY_ROWS = 16  # k + 1 <= 16: the rows OneDNNLinear lays its copy out for, and rows_times_matrix's limit
 
 
 def cpu_verify_backend(graph_module, example_inputs):
     """A torch.compile backend: lesson 12's cpu_decode_backend, every product of up to MAX_VERIFY_ROWS rows on CPU
-    lowered by rows_times_matrix."""
+    lowered by rows_times_matrix. On the oneDNN twin no such product is left (each is the opaque onednn_linear):
+    inductor fuses what lies between them."""
     return cpu_decode_backend(graph_module, example_inputs, MAX_VERIFY_ROWS, rows_times_matrix)
 
 
 class CompiledVerifier(Verifier):
-    """The verify step through lesson 12's StaticDecodeStep `step` (its model, its static cache): decode_one_token
+    """The verify step through lesson 12's StaticDecodeStep `step` (its weights, its static cache): decode_one_token
     compiled for k + 1 positions, and for s + 1 positions for every s in `sizes` (on CPU by cpu_verify_backend,
     elsewhere inductor with CUDA graphs; `backend` overrides it). A draft of m guesses runs the smallest graph that
     holds it, padded; no guess, the step's own one-position graph. Near the end of the cache, where the graph's slots
-    no longer fit, a step runs eagerly on the same cache."""
+    no longer fit, a step runs eagerly on the same cache.
 
-    def __init__(self, step: StaticDecodeStep, k: int, backend=None, sizes=()):
+    With `onednn` (default: lesson 14's onednn_linear_pays, fp32 on a CPU with oneDNN) the graphs of k + 1 positions
+    compile lesson 14's twin of the step's model, whose linear layers multiply by oneDNN on a packed copy of each
+    weight (`rows_model`: the memory of the weights again); without, rows_times_matrix lowers their products."""
+
+    def __init__(self, step: StaticDecodeStep, k: int, backend=None, sizes=(), onednn: bool | None = None):
         self.step, self.model, self.kv_cache = step, step.model, step.kv_cache
         self.k = check_int("k", k, minimum=1)
         self.sizes = sorted({self.k, *(check_int("a size", s, minimum=1) for s in sizes)})  # numbers of guesses
@@ -444,6 +450,9 @@ class CompiledVerifier(Verifier):
         device = step.token.device
         if device.type == "cpu" and k + 1 > MAX_VERIFY_ROWS:
             raise ValueError(f"k must be at most {MAX_VERIFY_ROWS - 1} for the compiled verify step, got {k}")
+        if onednn is None:
+            onednn = onednn_linear_pays(device, next(self.model.parameters()).dtype)
+        self.rows_model = with_onednn_linears(self.model) if onednn else self.model  # what the k + 1 graphs compute
         self.tokens = {s: torch.zeros(1, s + 1, dtype=torch.long, device=device) for s in self.sizes}  # the inputs
         for tokens in self.tokens.values():
             torch._dynamo.mark_static_address(tokens)  # (1, s + 1) each
@@ -468,11 +477,11 @@ class CompiledVerifier(Verifier):
             return self.step(newest[None], torch.tensor(pos))[0]  # (1, V): a plain step
         s = next((s for s in self.sizes if s >= m), None)  # the smallest graph that holds m guesses
         if s is None or pos + s + 1 > self.kv_cache.max_len:
-            return verify(self.model, self.kv_cache, newest, guesses, pos)  # (m + 1, V), eager
+            return verify(self.rows_model, self.kv_cache, newest, guesses, pos)  # (m + 1, V), eager
         tokens = self.tokens[s]  # (1, s + 1)
         tokens[0, 0] = newest[0]
         tokens[0, 1:m + 1] = guesses
         tokens[0, m + 1:] = guesses[-1]  # padding: logits not read, keys and values written over later
         self.step.input_pos.fill_(pos)
-        logits = self.compiled(self.model, tokens, self.step.input_pos, self.kv_cache)  # (1, s + 1, V)
+        logits = self.compiled(self.rows_model, tokens, self.step.input_pos, self.kv_cache)  # (1, s + 1, V)
         return logits[0, :m + 1]  # (m + 1, V)

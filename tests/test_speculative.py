@@ -18,6 +18,7 @@ from hardway.hub import checkpoint
 from hardway.loading import load
 from hardway.quantize import quantize_linears
 from hardway.sampling import SamplingConfig
+from hardway.serving import OneDNNLinear
 from hardway.speculative import (CompiledVerifier, CostAwareGuesses, Draft, Drafter, HeuristicGuesses, ModelDrafter,
                                  PromptLookupDrafter, SpeculationStats, Verifier, accept_greedy, accept_sampled,
                                  chi_square_test, draw_two_tokens, int8_drafter, measure_verify_costs,
@@ -157,6 +158,64 @@ def test_several_compiled_sizes_run_the_smallest_graph_that_fits_and_give_genera
         CompiledVerifier(step, 4, backend=counter, sizes=(8,))
     with pytest.raises(ValueError, match="not for all"):
         verifier.restricted_to([3])
+
+
+def test_the_compiled_verify_step_multiplies_by_onednn_and_the_plain_step_keeps_its_products(tiny):
+    """On a CPU in fp32 the graphs of k + 1 positions compute lesson 14's oneDNN twin of the step's model: every
+    linear layer one opaque hardway::onednn_linear, on the step's own weights (the same Parameters; the twin adds a
+    packed copy), while the step's one-position graph keeps torch's products. onednn=False: no oneDNN in the graph.
+    Either way, plain greedy's tokens."""
+    model, _ = tiny["llama"]
+    n_linears = sum(type(m) is torch.nn.Linear for m in model.modules())  # 7 a layer and the head
+
+    def recording(codes):
+        def backend(graph_module, example_inputs):
+            codes.append(graph_module.code)
+            return graph_module.forward  # run as traced
+        return backend
+
+    ids = prompts(model.config.vocab_size)[-1]
+    plain = generate(model, ids, max_new_tokens=16, eos_token_id=None)
+    for onednn in (True, False):
+        torch._dynamo.reset()
+        step_codes, verify_codes = [], []
+        step = StaticDecodeStep(model, max_len=12 + 16 + 4, backend=recording(step_codes))
+        verifier = CompiledVerifier(step, 4, backend=recording(verify_codes), onednn=onednn)
+        stats = SpeculationStats()
+        right_then_wrong = ScriptedDrafter(plain[0], lambda N: N < ids.shape[1] + 8, model.config.vocab_size)
+        for drafter in (PromptLookupDrafter(), right_then_wrong):
+            out = speculative_generate(model, ids, drafter, 4, max_new_tokens=16, eos_token_id=None,
+                                       verifier=verifier, stats=stats)
+            assert torch.equal(out, plain), (onednn, type(drafter).__name__)
+        assert stats.drafted.count(0) > 0 and 0 < sum(stats.kept) < sum(stats.drafted)  # both graphs decided tokens
+        assert len(step_codes) == len(verify_codes) == 1
+        assert "onednn_linear" not in step_codes[0]  # the plain step: lesson 12's graph, untouched
+        assert verify_codes[0].count("hardway.onednn_linear") == (n_linears if onednn else 0), onednn
+        assert ({p.data_ptr() for p in verifier.rows_model.parameters()}
+                == {p.data_ptr() for p in model.parameters()})  # no second copy of the Parameters
+        assert (verifier.rows_model is model) == (not onednn)
+
+
+def test_the_compiled_verify_step_on_onednn_is_generates_tokens_on_both_standins():
+    """oneDNN sums the verify step's products in another order than torch's one-row products (fp32 rounding, about
+    1e-6 relative): on real weights the argmax at every position must still be plain greedy's. The graphs traced by
+    dynamo and run without code generation; the oneDNN products are computed for real (benchmarks/speculative.py
+    asserts the same of inductor's code on SmolLM2)."""
+    for repo, text in (("HuggingFaceTB/SmolLM2-135M-Instruct", "Repeat: the cat sat on the mat, the cat sat on the"),
+                       ("openai-community/gpt2", "The quick brown fox jumps over the lazy dog. The quick")):
+        folder = checkpoint(repo)
+        model, tok = load(folder), load_tokenizer(folder)
+        ids = torch.tensor([tok.encode(text)])
+        plain = generate(model, ids, max_new_tokens=12)
+        torch._dynamo.reset()
+        step = StaticDecodeStep(model, max_len=ids.shape[1] + 12 + 4, backend="eager")
+        verifier = CompiledVerifier(step, 4, backend="eager")
+        assert any(isinstance(m, OneDNNLinear) for m in verifier.rows_model.modules()), repo
+        stats = SpeculationStats()
+        out = speculative_generate(model, ids, PromptLookupDrafter(), 4, max_new_tokens=12, verifier=verifier,
+                                   stats=stats)
+        assert torch.equal(out, plain), repo
+        assert sum(stats.kept) > 0, repo  # guesses kept: the oneDNN verify step decided tokens
 
 
 class ScriptedDrafter(Drafter):
