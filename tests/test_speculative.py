@@ -162,11 +162,12 @@ def test_several_compiled_sizes_run_the_smallest_graph_that_fits_and_give_genera
 
 def test_the_compiled_verify_step_multiplies_by_onednn_and_the_plain_step_keeps_its_products(tiny):
     """On a CPU in fp32 the graphs of k + 1 positions compute lesson 14's oneDNN twin of the step's model: every
-    linear layer one opaque hardway::onednn_linear, on the step's own weights (the same Parameters; the twin adds a
-    packed copy), while the step's one-position graph keeps torch's products. onednn=False: no oneDNN in the graph.
-    Either way, plain greedy's tokens."""
+    product one opaque hardway::onednn_linear (4 a layer: q, k and v stacked, o, gate and up stacked, down; and the
+    head), on the step's own weights (the same Parameters; the twin adds a packed copy), while the step's
+    one-position graph keeps torch's products. onednn=False: no oneDNN in the graph. Either way, plain greedy's
+    tokens."""
     model, _ = tiny["llama"]
-    n_linears = sum(type(m) is torch.nn.Linear for m in model.modules())  # 7 a layer and the head
+    n_products = 4 * model.config.num_hidden_layers + 1
 
     def recording(codes):
         def backend(graph_module, example_inputs):
@@ -190,7 +191,7 @@ def test_the_compiled_verify_step_multiplies_by_onednn_and_the_plain_step_keeps_
         assert stats.drafted.count(0) > 0 and 0 < sum(stats.kept) < sum(stats.drafted)  # both graphs decided tokens
         assert len(step_codes) == len(verify_codes) == 1
         assert "onednn_linear" not in step_codes[0]  # the plain step: lesson 12's graph, untouched
-        assert verify_codes[0].count("hardway.onednn_linear") == (n_linears if onednn else 0), onednn
+        assert verify_codes[0].count("hardway.onednn_linear") == (n_products if onednn else 0), onednn
         assert ({p.data_ptr() for p in verifier.rows_model.parameters()}
                 == {p.data_ptr() for p in model.parameters()})  # no second copy of the Parameters
         assert (verifier.rows_model is model) == (not onednn)
