@@ -41,7 +41,7 @@ from hardway.hub import checkpoint  # noqa: E402
 from hardway.loading import load  # noqa: E402
 from hardway.speculative import (CompiledVerifier, CostAwareGuesses, HeuristicGuesses, PromptLookupDrafter,  # noqa: E402
                                  SpeculationStats, Verifier, int8_drafter, measure_verify_costs, speculative_generate)
-from hardway.serving import OneDNNLinear  # noqa: E402
+from hardway.serving import MergedLinear, OneDNNLinear  # noqa: E402
 from hardway.timing import time_interleaved  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         step = StaticDecodeStep(copy.deepcopy(model), max_len=longest + k_max)
         # lesson 17: a graph of k + 1 positions for every k
         multi = CompiledVerifier(step, k_max, sizes=args.ks, onednn=not args.no_onednn)
-        packed = sum(m.packed.nbytes for m in multi.rows_model.modules() if isinstance(m, OneDNNLinear))
+        packed = sum(m.packed.nbytes for m in multi.rows_model.modules() if isinstance(m, (OneDNNLinear, MergedLinear)))
         print(f"compiled verify step: products by {'rows_times_matrix' if args.no_onednn else 'oneDNN'}; "
               f"packed copy of the weights {packed / 2**20:.0f} MiB", flush=True)
         verifiers = {k: multi.restricted_to([k]) for k in args.ks}  # constant k: every draft padded to k
