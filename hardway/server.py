@@ -675,6 +675,24 @@ async def wait_while(condition, seconds: float) -> None:
         await asyncio.sleep(0.02)
 
 
+def in_a_thread_of_its_own(fn):
+    """fn() run in a new thread, which ends with it -> what fn returned (or what it raised, raised here)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="loading", daemon=True)  # daemon: Ctrl-C while loading still exits
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
           grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine,
@@ -697,16 +715,21 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
         except OSError as e:
             raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     folder = checkpoint(model_id)
-    model = load(folder, device=device, dtype=dtype or torch.float32)
     tokenizer = load_tokenizer(folder)
     try:
         chat = ChatTemplate.from_folder(folder)
     except (ChatTemplateError, OSError):
         chat = None  # a base model: /v1/completions only
-    if n_blocks is None:  # room for max_batch sequences of 512 positions (or the context, if shorter)
-        n_blocks = max_batch * -(-min(model.max_seq_len, 512) // block_size)
-    engine = engine_class(model, tokenizer, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch,
-                          max_step_tokens=max_step_tokens, compile_sizes=compile_sizes)
+
+    def build_engine() -> Engine:
+        model = load(folder, device=device, dtype=dtype or torch.float32)
+        blocks = n_blocks or max_batch * -(-min(model.max_seq_len, 512) // block_size)  # max_batch x 512 positions
+        return engine_class(model, tokenizer, n_blocks=blocks, block_size=block_size, max_batch=max_batch,
+                            max_step_tokens=max_step_tokens, compile_sizes=compile_sizes)
+
+    # No tensor is ever computed in this thread: the model loads (and the decode steps compile) in a thread of their
+    # own that then ends, and the engine thread computes everything after. See "One thread computes" above.
+    engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, model_id, chat)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _Server(config, app.state.worker, grace_s).run()

@@ -356,3 +356,41 @@ def test_cli_port_in_use_is_one_line_and_exit_2():
         r = subprocess.run([str(HARDWAY), "serve", "--model", GPT2, "--port", str(port)], capture_output=True,
                            text=True, timeout=600)
     assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_in_a_thread_of_its_own_returns_and_raises_from_another_thread():
+    from hardway.server import in_a_thread_of_its_own
+    assert in_a_thread_of_its_own(threading.current_thread) is not threading.main_thread()
+    with pytest.raises(OSError, match="no such model"):
+        in_a_thread_of_its_own(lambda: (_ for _ in ()).throw(OSError("no such model")))
+
+
+def test_serve_computes_nothing_in_the_main_thread(monkeypatch):
+    """The model loads and the engine is built (its decode steps compiled) outside the main thread, which then never
+    runs a parallel loop of its own: else libgomp sees two teams on these cores and the engine thread's workers stop
+    spinning between loops (lesson 14, "One thread computes")."""
+    import hardway.server as server
+
+    built_in = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(*args, **kwargs):
+        built_in["load"] = threading.current_thread()
+        return load(*args, **kwargs)
+
+    class RecordingEngine(server.Engine):
+        def __init__(self, *args, **kwargs):
+            built_in["engine"] = threading.current_thread()
+            super().__init__(*args, **kwargs)
+
+    def stop(*args, **kwargs):
+        raise Stop  # the engine is built: no need to serve
+
+    monkeypatch.setattr("hardway.loading.load", fake_load)
+    monkeypatch.setattr(server, "create_app", stop)
+    with pytest.raises(Stop):
+        server.serve(GPT2, port=free_port(), engine_class=RecordingEngine)
+    assert set(built_in) == {"load", "engine"}
+    assert threading.main_thread() not in built_in.values()
