@@ -76,6 +76,7 @@ class Pending:
     seq: Sequence | None = None
     prompt_logprobs: int | None = None  # echo with logprobs: the k most likely beside each prompt token's own
     prompt_entries: list[TokenLogprobs | None] | None = None  # filled by the engine thread (prompt_logprobs)
+    disconnect_checked: float = 0.0  # when next_event last asked whether the client is still there (monotonic s)
 
 
 PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the logits held at once are (256, V)
@@ -93,6 +94,12 @@ def prompt_logprobs(model, ids: list[int], k: int) -> list[TokenLogprobs | None]
         logits = model(torch.tensor([chunk], device=device), kv_cache=cache, start_pos=lo)[0]  # (T, V)
         out += token_logprobs(logits, ids[lo + 1:lo + 1 + len(chunk)], k)  # position i predicts token i + 1
     return out
+
+
+def put_each(items: list[tuple[asyncio.Queue, Event]]) -> None:
+    """In the event loop's thread: each event into its request's queue."""
+    for events, event in items:
+        events.put_nowait(event)
 
 
 class EngineThread:
@@ -195,6 +202,7 @@ class EngineThread:
                 del self.pending[request.seq.id]
 
     def _step(self) -> None:
+        handed: dict[asyncio.AbstractEventLoop, list] = {}  # this step's events, by the event loop they go to
         for event in self.engine.step():
             request = self.pending.get(event.seq.id)
             if request is None:
@@ -203,9 +211,11 @@ class EngineThread:
                 log.error("request %s failed in the engine: %s", event.seq.id, event.seq.error)
                 self._end(request, 500, f"the engine failed on this request: {event.seq.error}")
                 continue
-            self._deliver(request, event)
+            handed.setdefault(request.loop, []).append((request.events, event))
             if event.finished:
                 del self.pending[event.seq.id]
+        for loop, items in handed.items():  # one wake-up of the event loop per step, not one per request
+            loop.call_soon_threadsafe(put_each, items)
 
     def _run(self) -> None:
         while not self.stopping.is_set():
@@ -406,12 +416,20 @@ async def read_json(request: Request, worker: EngineThread, timeout_s: float = B
 DISCONNECTED = object()  # what next_event returns once the client has gone
 
 
+DISCONNECT_CHECK_S = 0.5  # how often a request asks whether its client is still there
+
+
 async def next_event(request: Request, pending: Pending, worker: EngineThread):
-    """The request's next Event or Ended from the engine, or DISCONNECTED as soon as the client has hung up
-    (checked at every event, and twice a second while none comes), so its blocks are freed at once."""
+    """The request's next Event or Ended from the engine, or DISCONNECTED once the client has hung up (asked at most
+    twice a second: asking costs about as much as sending a token), so its blocks are freed within half a second."""
     while True:
-        if await request.is_disconnected():
-            return DISCONNECTED
+        now = time.monotonic()
+        if now - pending.disconnect_checked >= DISCONNECT_CHECK_S:
+            pending.disconnect_checked = now
+            if await request.is_disconnected():
+                return DISCONNECTED
+        if not pending.events.empty():  # already here: no need for a timed wait
+            return pending.events.get_nowait()
         try:
             return await asyncio.wait_for(pending.events.get(), timeout=0.5)
         except asyncio.TimeoutError:
