@@ -13,7 +13,9 @@ help). Levels run interleaved, --reps rounds. It reports, per level, the aggrega
 (completion tokens of all clients over the wall time, prefills included), the time to first token (TTFT) p50 and
 the inter-token latency (ITL) p50. Then the long-prompt test: one stream is running when a 1,500-token prompt
 arrives; its worst gap between two tokens while the long prompt is admitted. --peer runs the same load against
-other running servers after the first, one at a time, and prints the first one's figures as ratios of theirs.
+other running servers in the same rounds (in each round every server gets every level in turn, one server at a time:
+a shared machine's speed drifts over minutes, and this way the drift weighs on each alike), and prints the first
+one's figures as ratios of theirs.
 --json appends the figures to a file, one JSON object per server.
 """
 
@@ -159,28 +161,36 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def measure(url: str, model: str, label: str, args, generate_alone=None) -> dict:
-    """The whole load against one running server -> its figures (and generate alone's, timed in the same rounds)."""
+def measure(servers: list[tuple[str, str, str]], args, generate_alone=None) -> list[dict]:
+    """The whole load against each running server (url, model, label) -> each one's figures (and generate alone's,
+    timed in the same rounds). Round by round: in each round every server gets every level in turn, so that a machine
+    whose speed drifts over minutes (a shared VM's does, by as much as 1.5x) weighs on every server alike."""
     levels = [int(x) for x in args.levels.split(",")]
-    client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
-    run_level(client, model, 2, 4)  # warm-up
-    baseline, short = [], 0
-    tps, ttft, itl = ({c: [] for c in levels} for _ in range(3))
+    clients = [OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600) for url, _, _ in servers]
+    for client, (_, model, _) in zip(clients, servers):
+        run_level(client, model, 2, 4)  # warm-up
+    baseline, short = [], [0] * len(servers)
+    tps, ttft, itl = ([{c: [] for c in levels} for _ in servers] for _ in range(3))
     for _ in range(args.reps):
-        for c in levels:
-            t, f, i, n = run_level(client, model, c, args.max_tokens)
-            tps[c].append(t); ttft[c] += f; itl[c] += i
-            short += c * args.max_tokens - n
+        for k, (client, (_, model, _)) in enumerate(zip(clients, servers)):
+            for c in levels:
+                t, f, i, n = run_level(client, model, c, args.max_tokens)
+                tps[k][c].append(t); ttft[k][c] += f; itl[k][c] += i
+                short[k] += c * args.max_tokens - n
         if generate_alone is not None:  # in the same round as the levels: the same load on the machine
             baseline.append(generate_alone(args.max_tokens))
-    text = long_prompt(client, model, args.long_prompt)
-    gaps = [worst_gap_during_long_prompt(client, model, f"Attempt {i}: {text}", args.max_tokens)
-            for i in range(2)]  # a prompt of its own each time: a prefix cache must not answer the second
-    return {"label": label, "model": model, "max_tokens": args.max_tokens, "reps": args.reps,
-            "levels": {c: {"tok_s": statistics.median(tps[c]), "ttft_p50_ms": pct(ttft[c], .5) * 1e3,
-                           "itl_p50_ms": pct(itl[c], .5) * 1e3} for c in levels},
-            "long_prompt_tokens": gaps[0][1], "worst_gap_ms": max(g for g, _ in gaps) * 1e3,
-            "tokens_short": short, "generate_alone_tok_s": statistics.median(baseline) if baseline else None}
+    results = []
+    for k, (client, (_, model, label)) in enumerate(zip(clients, servers)):
+        text = long_prompt(client, model, args.long_prompt)
+        gaps = [worst_gap_during_long_prompt(client, model, f"Attempt {i}: {text}", args.max_tokens)
+                for i in range(2)]  # a prompt of its own each time: a prefix cache must not answer the second
+        results.append({
+            "label": label, "model": model, "max_tokens": args.max_tokens, "reps": args.reps,
+            "levels": {c: {"tok_s": statistics.median(tps[k][c]), "ttft_p50_ms": pct(ttft[k][c], .5) * 1e3,
+                           "itl_p50_ms": pct(itl[k][c], .5) * 1e3} for c in levels},
+            "long_prompt_tokens": gaps[0][1], "worst_gap_ms": max(g for g, _ in gaps) * 1e3, "tokens_short": short[k],
+            "generate_alone_tok_s": statistics.median(baseline) if baseline and k == 0 else None})
+    return results
 
 
 def report(result: dict) -> None:
@@ -220,8 +230,8 @@ def main() -> None:
                                  "`hardway serve` is started")
     p.add_argument("--label", help="the server's name in the output (default: hardway, or the URL)")
     p.add_argument("--peer", action="append", default=[], metavar="LABEL=URL",
-                   help="after the first server, the same load against this running server too (its first model); "
-                        "repeatable. Then the first server's figures as ratios of each peer's")
+                   help="the same load against this running server too (its first model), in the same rounds as the first "
+                        "server; repeatable. Then the first server's figures as ratios of each peer's")
     p.add_argument("--levels", default="1,8,16", help="numbers of concurrent clients, comma-separated")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
@@ -236,9 +246,14 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="append the results to this file")
     args = p.parse_args()
     generate_alone = load_generate_alone(args.model) if args.baseline else None
-    results = []
+    peers = []
+    for peer in args.peer:
+        label, _, url = peer.partition("=")
+        if not url:
+            raise SystemExit(f"--peer takes LABEL=URL, got {peer!r}")
+        peers.append((url, OpenAI(base_url=url, api_key="unused", max_retries=0).models.list().data[0].id, label))
     if args.url:
-        results.append(measure(args.url, args.model, args.label or args.url, args, generate_alone))
+        results = measure([(args.url, args.model, args.label or args.url), *peers], args, generate_alone)
     else:
         port = free_port()
         flags = ["--max-batch", str(args.max_batch), "--max-step-tokens", str(args.max_step_tokens),
@@ -249,16 +264,10 @@ def main() -> None:
         label = args.label or (f"hardway (max_step_tokens {args.max_step_tokens}"
                                f"{f', compile {args.compile}' if args.compile else ''})")
         try:
-            results.append(measure(f"http://127.0.0.1:{port}/v1", args.model, label, args, generate_alone))
+            results = measure([(f"http://127.0.0.1:{port}/v1", args.model, label), *peers], args, generate_alone)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    for peer in args.peer:
-        label, _, url = peer.partition("=")
-        if not url:
-            raise SystemExit(f"--peer takes LABEL=URL, got {peer!r}")
-        name = OpenAI(base_url=url, api_key="unused", max_retries=0).models.list().data[0].id
-        results.append(measure(url, name, label, args))
     for result in results:
         report(result)
     compare(results)
