@@ -741,12 +741,13 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
 
     def build_engine() -> Engine:
         model = load(folder, device=device, dtype=dtype or torch.float32)
-        blocks = n_blocks or max_batch * -(-min(model.max_seq_len, 512) // block_size)  # max_batch x 512 positions
+        blocks = n_blocks if n_blocks is not None else max_batch * -(-min(model.max_seq_len, 512) // block_size)
         return engine_class(model, tokenizer, n_blocks=blocks, block_size=block_size, max_batch=max_batch,
                             max_step_tokens=max_step_tokens, compile_sizes=compile_sizes)
 
     # No tensor is ever computed in this thread: the model loads (and the decode steps compile) in a thread of their
-    # own that then ends, and the engine thread computes everything after. See "One thread computes" above.
+    # own that then ends, and the engine thread computes everything after (lesson 14, "One thread computes"). With
+    # n_blocks None: room for max_batch sequences of 512 positions (or the context, if shorter).
     engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, model_id, chat)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
