@@ -245,6 +245,9 @@ def main() -> None:
                         "round, while the server is idle")
     p.add_argument("--json", type=Path, help="append the results to this file")
     args = p.parse_args()
+    if args.max_tokens < 9:  # the long-prompt test sends its prompt at a stream's 8th token and watches the gaps after
+        p.error(f"--max-tokens must be at least 9 (the long-prompt test starts at a stream's 8th token), got "
+                f"{args.max_tokens}")
     generate_alone = load_generate_alone(args.model) if args.baseline else None
     peers = []
     for peer in args.peer:
