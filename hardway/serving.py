@@ -390,6 +390,14 @@ def onednn_linear_shape(x, packed, bias, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x (..., in) times a weight packed for oneDNN -> (..., out). Inside torch.compile the custom op above, which the
+    compiler leaves alone; eagerly the same call, without the custom op's few microseconds of dispatch."""
+    if torch.compiler.is_compiling():
+        return onednn_linear(x, packed, bias, out_features)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # no activation fused
+
+
 class OneDNNLinear(nn.Module):
     """An nn.Linear's weight and bias, computed by oneDNN (the library vLLM's CPU backend runs its linear layers on)
     instead of the BLAS torch calls by default (MKL on x86) whenever there is more than one row. The same sums in
@@ -399,8 +407,7 @@ class OneDNNLinear(nn.Module):
     oneDNN multiplies in a blocked layout of its own. Given a plain matrix, it reorders the whole weight into that
     layout at every call; so the weight is reordered once, here, into `packed` (a copy: the memory of the weight
     again), laid out for steps of `rows` rows, the fastest layout we measured for 4 to 64 rows. The copy is taken
-    now: a weight changed afterwards is not seen by the multi-row path. Inside torch.compile the multi-row path is
-    the custom op `onednn_linear` (eagerly, the same call without the custom op's few microseconds of dispatch)."""
+    now: a weight changed afterwards is not seen by the multi-row path, which is `packed_product`."""
 
     def __init__(self, linear: nn.Linear, rows: int = 16):
         super().__init__()
@@ -410,9 +417,7 @@ class OneDNNLinear(nn.Module):
     def forward(self, x):  # (..., in) -> (..., out)
         if x.numel() == x.shape[-1]:  # one row
             return F.linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():  # a graph being traced: keep oneDNN, as one op the compiler leaves alone
-            return onednn_linear(x, self.packed, self.bias, self.weight.shape[0])
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # no activation fused
+        return packed_product(x, self.packed, self.bias, self.weight.shape[0])
 
 
 class MergedLinear(nn.Module):
@@ -429,9 +434,7 @@ class MergedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)  # oneDNN's layout, as OneDNNLinear's
 
     def forward(self, x):  # (..., in) -> (..., sum of outs)
-        if torch.compiler.is_compiling():
-            return onednn_linear(x, self.packed, self.bias, sum(self.sizes))
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return packed_product(x, self.packed, self.bias, sum(self.sizes))
 
 
 class MergedAttention(Attention):
