@@ -54,29 +54,62 @@ class Server:
         except httpx.HTTPError as e:
             raise ServerUnusable(f"cannot reach {self.url}: {type(e).__name__}: {e}") from None
         try:
-            names = [m["id"] for m in r.json()["data"]]
-        except (ValueError, KeyError, TypeError):
+            names = [str(m["id"]) for m in r.json()["data"]]
+        except (ValueError, KeyError, TypeError, IndexError):
             raise ServerUnusable(f"{self.url}/models answered {r.status_code} without OpenAI's model list: not an "
                                  f"OpenAI-compatible server") from None
         if self.model not in names:
             raise ServerUnusable(f"{self.url} serves {', '.join(names) or 'no model'}, not '{self.model}'")
 
     def post(self, path: str, body: dict) -> tuple[int, dict]:
-        """POST {model, **extras, **body}; a server that refuses an extra field is asked again without it."""
+        """POST {model, **extras, **body}; a server that refuses an extra field is asked again without it (vLLM
+        and hardway serve take them; llama.cpp's server ignores them; transformers serve refuses them, 422)."""
         while True:
-            try:
-                r = self.http.post(self.url + path, json={"model": self.model, **self.extras, **body})
-            except httpx.HTTPError as e:
-                raise ServerUnusable(f"{self.url}{path}: {type(e).__name__}: {e}") from None
-            try:
-                answer = r.json()
-            except ValueError:
-                answer = {"error": {"message": r.text[:200]}}
-            error = answer.get("error") or {}
-            refused = next((k for k in self.extras if k == error.get("param") or k in str(error.get("message"))), None)
-            if r.status_code != 400 or refused is None:
-                return r.status_code, answer
+            status, answer = self.send(self.url + path, {"model": self.model, **self.extras, **body})
+            error = answer.get("error")
+            param = error.get("param") if isinstance(error, dict) else None
+            refused = next((k for k in self.extras if k == param or k in message(answer)), None)
+            if status not in (400, 422) or refused is None:
+                return status, answer
             del self.extras[refused]
+
+    def send(self, url: str, body: dict) -> tuple[int, dict]:
+        """The status and the JSON object answered; an answer that is no JSON object is read as an error's text."""
+        try:
+            r = self.http.post(url, json=body)
+        except httpx.HTTPError as e:
+            raise ServerUnusable(f"{url}: {type(e).__name__}: {e}") from None
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = r.text[:200]
+        return r.status_code, answer if isinstance(answer, dict) else {"error": {"message": str(answer)[:200]}}
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """The server's own token ids for `text`, where it has llama.cpp's /tokenize (beside /v1, not under it),
+        with the special tokens a prompt gets; None elsewhere."""
+        status, answer = self.send(self.url.removesuffix("/v1") + "/tokenize", {"content": text, "add_special": True})
+        tokens = answer.get("tokens")
+        return tokens if status == 200 and is_ids(tokens) else None
+
+    def chat_prompt_ids(self, messages) -> list[int] | None:
+        """The server's own prompt ids for a chat request, where it has llama.cpp's /apply-template (the text its
+        chat template makes of `messages`) and /tokenize; None elsewhere."""
+        status, answer = self.send(self.url.removesuffix("/v1") + "/apply-template", {"messages": messages})
+        prompt = answer.get("prompt")
+        return self.tokenize(prompt) if status == 200 and isinstance(prompt, str) else None
+
+
+def message(answer: dict) -> str:
+    """A refusal's reason, on one line: OpenAI's error.message (vLLM's, llama.cpp's, hardway serve's), FastAPI's
+    `detail` (transformers serve's), else the answer itself."""
+    error = answer.get("error")
+    text = (error.get("message") if isinstance(error, dict) else error) or answer.get("detail") or answer
+    return " ".join(str(text).split())[:160]
+
+
+def is_ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
 
 
 @dataclass
@@ -89,63 +122,175 @@ class Answer:
     prompt_logprobs: list[float | None] | None  # echo: each prompt token's (the first None)
     finish_reason: str | None
     how: str                      # how the ids were read: "token ids", or "re-tokenized from the text"
+    missing: str = "the server returns no log-probabilities"  # why logprobs is None, for the report
+    prompt_how: str = "in its answers"  # where prompt_ids came from
 
 
-def token_id(name: str, reference: Reference) -> int | None:
-    """A logprobs field's token: "token_id:N" (vLLM's return_tokens_as_token_ids), else its text, looked up in the
-    reference's vocabulary (None when no single token or several have that text)."""
-    if name.startswith("token_id:") and name[9:].isdigit():
-        return int(name[9:])
-    return reference.id_of_text.get(name)
+class Unreadable(ValueError):
+    """An answer in no shape the ritual reads: the checks that needed it are SKIP, with this one line."""
+
+
+@dataclass
+class Said:
+    """One token as a server's log-probabilities name it, whatever the shape: its id where the answer gives one,
+    its text, its log-probability (None: none given, as for echo's first token), and the alternatives beside it."""
+    id: int | None
+    text: str | None
+    logprob: float | None
+    top: list[tuple[int | None, str | None, float]]  # (id, text, log-probability)
+
+
+def said_lists(lp: dict) -> list[Said]:
+    """OpenAI's completions shape (vLLM's, hardway serve's): parallel lists `tokens`, `token_logprobs` and
+    `top_logprobs` (one {token: log-probability} per token). vLLM names a token "token_id:N" when asked
+    (return_tokens_as_token_ids), which gives its id."""
+    def named(name) -> tuple[int | None, str | None]:
+        if isinstance(name, str) and name.startswith("token_id:") and name[9:].isdigit():
+            return int(name[9:]), None
+        return None, name
+    names, values = lp["tokens"], lp["token_logprobs"]
+    tops = lp.get("top_logprobs") or [None] * len(names)
+    if not len(names) == len(values) == len(tops):
+        raise Unreadable(f"logprobs has {len(names)} tokens, {len(values)} token_logprobs, {len(tops)} top_logprobs")
+    return [Said(*named(name), number(value, missing_ok=True), [(*named(k), number(v)) for k, v in (top or {}).items()])
+            for name, value, top in zip(names, values, tops)]
+
+
+def said_objects(entries: list) -> list[Said]:
+    """One object per token: OpenAI's chat shape, {token, logprob, top_logprobs: [{token, logprob}, ...]}, which
+    vLLM's and llama.cpp's chat answers use, and llama.cpp's /v1/completions answers too, with each token's `id`
+    beside it. llama.cpp's own `completion_probabilities` holds the same objects; before them (2024) it held
+    {content, probs: [{tok_str, prob}]}: probabilities after its sampling chain, not the model's log-probabilities,
+    read here for their tokens only."""
+    said = []
+    for e in entries:
+        top = e.get("top_logprobs", e.get("probs")) or []
+        said.append(Said(whole(e.get("id")), e.get("token", e.get("content")),
+                         number(e.get("logprob"), missing_ok=True),
+                         [(whole(t.get("id")), t.get("token", t.get("tok_str")), number(t["logprob"]))
+                          for t in top if "logprob" in t]))
+    return said
+
+
+def number(value, missing_ok: bool = False) -> float | None:
+    if value is None and missing_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Unreadable(f"a log-probability is {value!r}, not a number")
+    return float(value)
+
+
+def whole(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def first_choice(answer: dict) -> dict:
+    """An OpenAI answer's first choice. llama.cpp's own answer shape (no `choices`: `content`, `tokens`,
+    `completion_probabilities` at the top), which its /v1/completions gave before 2025, is read as one."""
+    if "choices" in answer:
+        choice = answer["choices"][0]
+        if not isinstance(choice, dict):
+            raise Unreadable(f"its first choice is {str(choice)[:60]!r}")
+        return choice
+    if not isinstance(answer.get("content"), str):
+        raise Unreadable(f"neither 'choices' nor llama.cpp's 'content' in it: {str(answer)[:80]}")
+    stopped = answer.get("stop_type") in ("eos", "word") or answer.get("stopped_eos") or answer.get("stopped_word")
+    return {"text": answer["content"], "token_ids": answer.get("tokens") or None, "finish_reason":
+            "stop" if stopped else "length", "logprobs": {"content": answer.get("completion_probabilities")}
+            if answer.get("completion_probabilities") else None}
+
+
+def read_said(choice: dict) -> tuple[list[Said] | None, str]:
+    """The choice's log-probabilities, in whichever of the two shapes, and why there are none when there are none."""
+    lp = choice.get("logprobs")
+    if not lp:
+        return None, "the server returns no log-probabilities"
+    if isinstance(lp, dict) and "tokens" in lp:
+        return said_lists(lp), ""
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        return said_objects(lp["content"]), ""
+    raise Unreadable(f"its logprobs are in no shape this ritual reads: {str(lp)[:80]}")
 
 
 def read_completion(answer: dict, reference: Reference, n_prompt: int | None, echo: bool,
                     prompt_text: str = "") -> Answer:
-    """An Answer from a /v1/completions response; with echo, its first n_prompt logprobs entries are the prompt's
-    (n_prompt None: as many as the server's prompt_token_ids, or usage.prompt_tokens)."""
-    choice = answer["choices"][0]
-    prompt_ids, ids, how = choice.get("prompt_token_ids"), choice.get("token_ids"), "token ids"
-    n_prompt = len(prompt_ids) if prompt_ids else n_prompt or answer.get("usage", {}).get("prompt_tokens", 0)
-    lp = choice.get("logprobs") or None
-    logprobs = top = prompt_logprobs = None
-    if lp is not None:
-        names, values = lp["tokens"], lp["token_logprobs"]
-        tops = lp.get("top_logprobs") or [None] * len(names)
-        cut = n_prompt if echo else 0
-        named = [token_id(n, reference) for n in names]
-        if echo:
-            prompt_logprobs = values[:cut]
-            if prompt_ids is None and None not in named[:cut]:
-                prompt_ids = named[:cut]
-        if ids is None and None not in named[cut:]:
-            ids = named[cut:]
-        logprobs = values[cut:]
-        top = [{token_id(k, reference): v for k, v in (t or {}).items() if token_id(k, reference) is not None}
-               for t in tops[cut:]]
-    if ids is None:  # no ids said: re-tokenize the answer's text, which may not give back the server's own tokens
-        text = choice.get("text", "")[len(prompt_text) if echo else 0:]
-        ids, how = reference.encode(text, special=False), "re-tokenized from the text"
-        if logprobs is not None and len(logprobs) != len(ids):
-            logprobs = top = None  # they belong to the server's tokens, which these are not
-    return Answer(prompt_ids, ids, logprobs, top, prompt_logprobs, choice.get("finish_reason"), how)
+    """An Answer from a /v1/completions response, in any of the shapes above; with echo, its first n_prompt logprobs
+    entries are the prompt's (n_prompt None: as many as the server's prompt_token_ids, or usage.prompt_tokens).
+    Unreadable, in one line, if it is in none of them."""
+    try:
+        choice = first_choice(answer)
+        said, missing = read_said(choice)
+        text = choice.get("text")
+        prompt_ids, ids = choice.get("prompt_token_ids"), choice.get("token_ids")
+        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
+        n_prompt = len(prompt_ids) if is_ids(prompt_ids) and prompt_ids else n_prompt or usage.get("prompt_tokens", 0)
+        # a server that ignores echo answers the new tokens only: their text does not start with the prompt's
+        echoed = echo and isinstance(text, str) and text.startswith(prompt_text) and (said is None or
+                                                                                    len(said) > n_prompt)
+        cut = n_prompt if echoed else 0
+        return to_answer(reference, said, missing, text[len(prompt_text) if echoed else 0:] if isinstance(text, str)
+                         else None, prompt_ids, ids, cut, choice.get("finish_reason"))
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:  # Unreadable is a ValueError
+        raise unreadable("/v1/completions", e) from None
 
 
 def read_chat(answer: dict, reference: Reference) -> Answer:
-    choice = answer["choices"][0]
-    ids, how = choice.get("token_ids"), "token ids"
-    content = (choice.get("logprobs") or {}).get("content")
-    logprobs = top = None
-    if content is not None:
-        logprobs = [c["logprob"] for c in content]
-        top = [{token_id(t["token"], reference): t["logprob"] for t in c.get("top_logprobs") or []} for c in content]
-        named = [token_id(c["token"], reference) for c in content]
-        if ids is None and None not in named:
-            ids = named
-    if ids is None:
-        ids, how = reference.encode(choice["message"]["content"] or "", special=False), "re-tokenized from the text"
-        logprobs = top = None
-    prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
-    return Answer(prompt_ids, ids, logprobs, top, None, choice.get("finish_reason"), how)
+    """An Answer from a /v1/chat/completions response (its message's text, and logprobs.content)."""
+    try:
+        choice = first_choice(answer)
+        said, missing = read_said(choice)
+        prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        return to_answer(reference, said, missing, choice["message"]["content"] or "", prompt_ids,
+                         choice.get("token_ids"), 0, choice.get("finish_reason"))
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+        raise unreadable("/v1/chat/completions", e) from None
+
+
+def unreadable(endpoint: str, e: Exception) -> Unreadable:
+    """Whatever went wrong reading an answer, as one line: the reader's own words, or what Python tripped on."""
+    return Unreadable(f"the {endpoint} answer: " + (str(e) if isinstance(e, Unreadable) else
+                                                    f"in no shape this ritual reads ({type(e).__name__}: {e})"))
+
+
+def to_answer(reference: Reference, said: list[Said] | None, missing: str, text: str | None, prompt_ids, ids,
+              cut: int, finish_reason) -> Answer:
+    """One reading of every shape: token ids where the answer gives them (vLLM's token_ids, "token_id:N", llama.cpp's
+    `id`), else each token's text looked up in the reference's vocabulary (a text two tokens share is unknown), else
+    the answer's text re-tokenized, which need not give back the server's own tokens: the report says which."""
+    def id_of(token_id, token_text):
+        return token_id if token_id is not None else reference.id_of_text.get(token_text)
+
+    how = "token ids"
+    logprobs = top = prompt_logprobs = None
+    if said is not None:
+        named = [id_of(s.id, s.text) for s in said]
+        if cut:
+            prompt_logprobs = [s.logprob for s in said[:cut]]
+            if not is_ids(prompt_ids) and None not in named[:cut]:
+                prompt_ids = named[:cut]
+        if not is_ids(ids) and None not in named[cut:]:
+            ids = named[cut:]
+        logprobs = [s.logprob for s in said[cut:]]
+        top = [{id_of(*t[:2]): t[2] for t in s.top if id_of(*t[:2]) is not None} for s in said[cut:]]
+        if None in logprobs:
+            missing = "the server gives no log-probability for some new tokens (llama.cpp's 2024 shape gives " \
+                      "probabilities after sampling instead)"
+            logprobs = top = None
+    if not is_ids(ids):  # no ids said: re-tokenize the answer's text
+        if not isinstance(text, str):
+            raise Unreadable("no token ids, and no text to re-tokenize")
+        ids, how = reference.encode(text, special=False), "re-tokenized from the text"
+        if logprobs is not None and len(logprobs) != len(ids):
+            logprobs = top = None  # they belong to the server's tokens, which these are not
+            missing = "the re-tokenized text does not line up with the server's log-probabilities"
+    if logprobs is not None and len(logprobs) != len(ids):
+        logprobs, top, missing = None, None, f"{len(logprobs)} log-probabilities for {len(ids)} new tokens"
+    for token in (prompt_ids if is_ids(prompt_ids) else []) + ids + [t for d in top or [] for t in d]:
+        if not 0 <= token < reference.vocab_size:
+            raise Unreadable(f"token id {token} is outside the reference's vocabulary (0 to {reference.vocab_size - 1})"
+                             f": is the server running another model?")
+    return Answer(prompt_ids if is_ids(prompt_ids) else None, ids, logprobs, top, prompt_logprobs, finish_reason, how,
+                  missing)
 
 
 class Reference:
@@ -156,6 +301,7 @@ class Reference:
         self.device = device
         self.model = load_reference(self.folder, device=device, dtype=torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        self.vocab_size = self.model.config.vocab_size  # the ids it can read
         config = self.model.generation_config
         eos = config.eos_token_id if config.eos_token_id is not None else self.model.config.eos_token_id
         self.eos_ids = set([eos] if isinstance(eos, int) else eos or [])
@@ -272,7 +418,7 @@ def check_logprobs(compared: list[Compared], reference: Reference, bar: float, t
                     worst = (delta, f"{c.label}, new token {j}, {reference.name(t)}: server {value:.6g}, reference "
                                     f"{row[t].item():.6g}")
     if n == 0:
-        return Check(name, True, "the server returns no log-probabilities", "—", skipped=True)
+        return Check(name, True, next(c.answer.missing for c in compared), "—", skipped=True)
     return Check(name, worst[0] <= bar, f"max |Δ| = {worst[0]:.3g} over {n} values" +
                  (f"; largest at {worst[1]}" if worst[1] else ""), target)
 
@@ -287,7 +433,9 @@ def check_tokenizer(compared: list[Compared], texts: list[str], reference: Refer
         if c.answer.prompt_ids != ours:
             return Check("tokenizer", False, f"{c.label}: {first_difference(c.answer.prompt_ids, ours, reference)}",
                          "the reference tokenizer's ids")
-    return Check("tokenizer", True, f"{len(said)} prompts tokenized identically", "the reference tokenizer's ids")
+    where = ", ".join(sorted({c.answer.prompt_how for c, _ in said}))
+    return Check("tokenizer", True, f"{len(said)} prompts tokenized identically (ids {where})",
+                 "the reference tokenizer's ids")
 
 
 def first_difference(server: list[int], ref: list[int], reference: Reference) -> str:
@@ -299,7 +447,8 @@ def first_difference(server: list[int], ref: list[int], reference: Reference) ->
 
 def check_chat(server: Server, reference: Reference, messages, new_tokens: int, k: int, bar: float) -> Check:
     """The same messages through the server's /v1/chat/completions and the reference's apply_chat_template, as
-    tokens: the prompt ids when the server says them, else its prompt's length and its greedy answer."""
+    tokens: the prompt ids when the server says them (vLLM in its answer, llama.cpp through /apply-template and
+    /tokenize), else its prompt's length and its greedy answer."""
     name, target = "chat template", "the reference's apply_chat_template, as tokens"
     ref_ids = reference.chat_ids(messages)
     if ref_ids is None:
@@ -312,12 +461,21 @@ def check_chat(server: Server, reference: Reference, messages, new_tokens: int, 
     if status != 200:
         return Check(name, True, f"the server's chat endpoint answered {status}: {message(answer)}", "—",
                      skipped=True)
-    got = read_chat(answer, reference)
+    try:
+        got = read_chat(answer, reference)
+    except Unreadable as e:
+        return Check(name, True, str(e), "—", skipped=True)
+    usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
+    n, where = usage.get("prompt_tokens"), "in its answer"
+    if got.prompt_ids is None and (ids := server.chat_prompt_ids(messages)) is not None and n in (None, len(ids)):
+        got.prompt_ids, where = ids, "from its /apply-template and /tokenize"  # the length it counted, if it said
     if got.prompt_ids is not None:
         if got.prompt_ids != ref_ids:
-            return Check(name, False, first_difference(got.prompt_ids, ref_ids, reference), target)
-        return Check(name, True, f"{len(ref_ids)} prompt tokens identical", target)
-    n = answer.get("usage", {}).get("prompt_tokens")
+            return Check(name, False, f"{first_difference(got.prompt_ids, ref_ids, reference)}; ids {where}", target)
+        return Check(name, True, f"{len(ref_ids)} prompt tokens identical (ids {where})", target)
+    if not isinstance(n, int):
+        return Check(name, True, "the server says neither its chat prompt's token ids nor how many there are", "—",
+                     skipped=True)
     if n != len(ref_ids):
         return Check(name, False, f"the server's prompt has {n} tokens, the reference's {len(ref_ids)}", target)
     greedy = check_greedy([compare(reference, "the chat answer", got, ref_ids)], reference, bar, reference.eos_ids,
@@ -325,10 +483,6 @@ def check_chat(server: Server, reference: Reference, messages, new_tokens: int, 
     greedy.measured = f"{n} prompt tokens (ids not returned); answer: {greedy.measured}"
     greedy.target = target + " (by length, and the greedy answer)"
     return greedy
-
-
-def message(answer: dict) -> str:
-    return str((answer.get("error") or {}).get("message", answer))[:160]
 
 
 def check_perplexity(server: Server, reference: Reference, text_name: str, text: str, max_tokens: int, window: int,
@@ -347,11 +501,16 @@ def check_perplexity(server: Server, reference: Reference, text_name: str, text:
         if status != 200:
             return Check("perplexity", True, f"no prompt log-probabilities (echo + logprobs answered {status}: "
                          f"{message(answer)})", "—", skipped=True)
-        got = read_completion(answer, reference, len(chunk), echo=True)
-        values = got.prompt_logprobs or []
+        try:
+            values = read_completion(answer, reference, len(chunk), echo=True).prompt_logprobs or []
+        except Unreadable as e:
+            return Check("perplexity", True, str(e), "—", skipped=True)
+        if not values:
+            return Check("perplexity", True, "no prompt log-probabilities: the server answers echo + logprobs "
+                         "without them (it ignores echo)", "—", skipped=True)
         if len(values) != len(chunk) or any(v is None for v in values[1:]):
-            return Check("perplexity", True, "the server's echo returned no prompt log-probabilities", "—",
-                         skipped=True)
+            return Check("perplexity", True, f"the server's echo gives {len(values)} log-probabilities for a "
+                         f"{len(chunk)}-token prompt", "—", skipped=True)
         logp = reference.logprobs(chunk)  # (T, V)
         ref = logp[:-1].gather(1, torch.tensor(chunk[1:])[:, None])[:, 0]  # (T-1,)
         server_lp = torch.tensor(values[1:], dtype=torch.float64)
@@ -388,7 +547,7 @@ def run_server_ritual(server: Server, reference: Reference, prompts: list[str] |
     server.check()
     prompts = prompts or list(SERVER_PROMPTS)
     text_name, text = eval_text(text_file)  # a bad file fails before any request
-    answers, texts = [], []
+    answers, unread = [], None
     for i, prompt in enumerate(prompts):
         body = {"prompt": prompt, "max_tokens": new_tokens, "temperature": 0}
         for extra in ({"logprobs": top_k, "echo": True}, {"logprobs": top_k}, {}):  # the most the server offers
@@ -403,17 +562,27 @@ def run_server_ritual(server: Server, reference: Reference, prompts: list[str] |
                                          f"nor /chat/completions ({chat.measured}): nothing to verify")
                 return [chat]
             raise ServerUnusable(f"{server.url}/completions answered {status}: {message(answer)}")
-        answers.append(read_completion(answer, reference, None, echo=extra.get("echo", False), prompt_text=prompt))
-        texts.append(prompt)
-    compared = [compare(reference, f"prompt {i} ({p[:24]!r})", a, reference.encode(p))
-                for i, (p, a) in enumerate(zip(prompts, answers))]
-    bar, target = logprob_bar(reference, dtype, [c.prompt + c.answer.ids for c in compared])
-    checks = [check_tokenizer(compared, texts, reference),
-              check_greedy(compared, reference, bar, reference.eos_ids),
-              check_logprobs(compared, reference, bar, target),
-              check_perplexity(server, reference, text_name, text, max_eval_tokens, window, dtype),
-              check_chat(server, reference, messages or CHAT_MESSAGES, new_tokens, top_k, bar)]
-    return checks
+        try:
+            answers.append(read_completion(answer, reference, None, echo=extra.get("echo", False), prompt_text=prompt))
+        except Unreadable as e:  # the three checks that read these answers are SKIP; the other two still run
+            unread = f"prompt {i}: {e}"
+            break
+    if unread is not None:
+        checks = [Check(name, True, unread, "—", skipped=True) for name in ("tokenizer", "greedy tokens",
+                                                                           "token logprobs")]
+        bar, target = logprob_bar(reference, dtype, [reference.encode(p) for p in prompts])
+    else:
+        for prompt, answer in zip(prompts, answers):
+            if answer.prompt_ids is None and (ids := server.tokenize(prompt)) is not None:
+                answer.prompt_ids, answer.prompt_how = ids, "from its /tokenize"  # llama.cpp's
+        compared = [compare(reference, f"prompt {i} ({p[:24]!r})", a, reference.encode(p))
+                    for i, (p, a) in enumerate(zip(prompts, answers))]
+        bar, target = logprob_bar(reference, dtype, [c.prompt + c.answer.ids for c in compared])
+        checks = [check_tokenizer(compared, prompts, reference),
+                  check_greedy(compared, reference, bar, reference.eos_ids),
+                  check_logprobs(compared, reference, bar, target)]
+    return checks + [check_perplexity(server, reference, text_name, text, max_eval_tokens, window, dtype),
+                     check_chat(server, reference, messages or CHAT_MESSAGES, new_tokens, top_k, bar)]
 
 
 @contextmanager
