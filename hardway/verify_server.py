@@ -25,7 +25,7 @@ import torch
 import uvicorn
 from transformers import AutoTokenizer
 
-from hardway.hub import checkpoint
+from hardway.loading import open_model  # lesson 06
 from hardway.verify import DEFAULT_PROMPT, TOLERANCE, Check, comparison_attention, eval_text, load_reference, \
     rounding_step  # lesson 11
 
@@ -149,13 +149,16 @@ def read_chat(answer: dict, reference: Reference) -> Answer:
 
 
 class Reference:
-    """The checkpoint folder's own model and tokenizer, as transformers computes them (lesson 11: fp32)."""
+    """The checkpoint's own model and tokenizer, as transformers computes them (lesson 11: fp32). `folder`: anything
+    `open_model` takes (a hub id, a folder, a .gguf file)."""
 
     def __init__(self, folder, device="cpu"):
-        self.folder = checkpoint(folder)
+        self.source = open_model(folder)  # lesson 06
+        self.folder = self.source.path  # the checkpoint folder, or the .gguf file
         self.device = device
-        self.model = load_reference(self.folder, device=device, dtype=torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        self.model = load_reference(self.source, device=device, dtype=torch.float32)
+        path, extra = self.source.from_pretrained_args()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, **extra)
         config = self.model.generation_config
         eos = config.eos_token_id if config.eos_token_id is not None else self.model.config.eos_token_id
         self.eos_ids = set([eos] if isinstance(eos, int) else eos or [])
