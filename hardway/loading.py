@@ -233,7 +233,8 @@ def open_model(name_or_path) -> ModelSource:
         or path.suffix in (".gguf", ".safetensors")  # a hub id is "name" or "org/name"
     if not path.is_dir() and looks_like_a_path:
         raise FileNotFoundError(f"{name}: no such file or folder")
-    folder = checkpoint(name)  # a folder as it is; a hub id: its folder in the models folder, downloaded if need be
+    # a folder as it is (~ expanded); a hub id: its folder in the models folder, downloaded if need be
+    folder = checkpoint(path if path.is_dir() else name)
     config_path = folder / "config.json"
     if not config_path.is_file():
         ggufs = sorted(p.name for p in folder.glob("*.gguf"))

@@ -121,6 +121,13 @@ def test_every_kind_opens_to_the_same_model(names, folder_chat):
         (str(open_model(names["gguf"]).path.parent), {"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"})
 
 
+def test_a_folder_named_from_the_home_folder(names, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "smollm2").symlink_to(names["folder"])
+    source = open_model("~/smollm2")
+    assert (source.name, source.kind, source.path) == ("~/smollm2", "folder", tmp_path / "smollm2")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_load(kind, names, opened):
     model = hardway.load(names[kind])  # the same resolution as the commands': open_model, then ModelSource.load
