@@ -10,12 +10,16 @@ import sys
 
 import torch
 
+from hardway.chat_cli import chat_loop  # lesson 13
+from hardway.fast_decode import StaticDecodeStep  # lesson 12
 from hardway.generation import generate
-from hardway.hub import checkpoint
-from hardway.loading import DTYPE_NAMES, check_device, load, resolve
+from hardway.loading import DTYPE_NAMES, check_device, open_model, resolve
+from hardway.prefix_cache import PrefixCachingEngine  # lesson 15
 from hardway.sampling import SamplingConfig
+from hardway.serving import Engine  # lesson 14
+from hardway.speculative import MAX_VERIFY_ROWS, CompiledVerifier, PromptLookupDrafter, int8_drafter, \
+    speculative_generate  # lesson 17
 from hardway.streaming import Detokenizer
-from hardway.tokenizer import load_tokenizer
 
 
 def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
@@ -73,7 +77,7 @@ def _sampling(args, device) -> dict:
     return dict(sampling=sampling, generator=generator)
 
 
-SPECULATE = {"lookup": "PromptLookupDrafter", "int8": "int8_drafter"}  # lesson 17's drafters, by --speculate
+SPECULATE = {"lookup": PromptLookupDrafter, "int8": int8_drafter}  # lesson 17's drafters, by --speculate
 
 
 def _speculation(args) -> int | None:
@@ -87,7 +91,7 @@ def _speculation(args) -> int | None:
     k = 4 if args.k is None else args.k
     if not 1 <= k <= 64:
         raise ValueError(f"--k must be in 1..64 (guesses per verify step), got {k}")
-    most = resolve("hardway.speculative:MAX_VERIFY_ROWS") - 1  # lesson 17's compiled verify step: k + 1 rows
+    most = MAX_VERIFY_ROWS - 1  # lesson 17's compiled verify step: k + 1 rows
     if args.compile and k > most:
         raise ValueError(f"--k must be in 1..{most} with --compile (one compiled graph of k + 1 positions), got {k}")
     return k
@@ -102,17 +106,16 @@ def cmd_generate(args) -> int:
     sampling = _sampling(args, device)
     k = _speculation(args)
     with contextlib.redirect_stdout(sys.stderr):  # whatever loading says (a stand-in's banner) is not the output
-        # a .gguf file (lesson 16) is its own checkpoint: load and load_tokenizer read it
-        folder = args.model if args.model.endswith(".gguf") else checkpoint(args.model)
-        tokenizer = load_tokenizer(folder)
+        source = open_model(args.model)  # lesson 06: a hub id, a folder or a .gguf file, found and checked
+        tokenizer = source.tokenizer()
         stop = {}  # generate's default: the model's EOS ids
         if args.chat:  # no chat template: an error, before the weights load
-            chat = resolve("hardway.chat:ChatTemplate").from_folder(folder)
+            chat = source.chat_template()
             prompt_ids = chat.encode([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
             stop = {"eos_token_id": chat.end_of_turn_ids()}
         else:
             prompt_ids = tokenizer.encode(args.prompt)
-        model = load(folder, device=device, dtype=dtype)
+        model = source.load(device=device, dtype=dtype)
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     end_ids = set(stop.get("eos_token_id", ()))  # with --chat the end-of-turn token is not printed
     text = Detokenizer(tokenizer.decoder)
@@ -129,18 +132,17 @@ def cmd_generate(args) -> int:
 
     decoder = None  # lesson 08's eager steps; with --compile lesson 12's, compiled on the first step
     if args.compile:
-        static_step = resolve("hardway.fast_decode:StaticDecodeStep")  # lesson 12
-        decoder = static_step(model, max_len=input_ids.shape[1] + args.max_new_tokens)
+        decoder = StaticDecodeStep(model, max_len=input_ids.shape[1] + args.max_new_tokens)  # lesson 12
     try:
         if k is None:
             generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, decoder=decoder, **stop,
                      **sampling)
         else:  # lesson 17
-            drafter = resolve(f"hardway.speculative:{SPECULATE[args.speculate]}")
-            verifier = None if decoder is None else resolve("hardway.speculative:CompiledVerifier")(decoder, k)
-            resolve("hardway.speculative:speculative_generate")(
-                model, input_ids, drafter(model) if args.speculate == "int8" else drafter(), k,
-                max_new_tokens=args.max_new_tokens, on_token=stream, verifier=verifier, **stop, **sampling)
+            drafter = SPECULATE[args.speculate]
+            verifier = None if decoder is None else CompiledVerifier(decoder, k)
+            speculative_generate(model, input_ids, drafter(model) if args.speculate == "int8" else drafter(), k,
+                                 max_new_tokens=args.max_new_tokens, on_token=stream, verifier=verifier, **stop,
+                                 **sampling)
     except KeyboardInterrupt:  # Ctrl-C: the text so far stays on stdout; one line on stderr says why it stopped
         print(f"\nhardway generate: interrupted after {len(new)} new token(s)", file=sys.stderr)
         return 130
@@ -152,10 +154,9 @@ def cmd_chat(args) -> int:
     device, dtype = _device_and_dtype(args)
     sampling = _sampling(args, device)
     with contextlib.redirect_stdout(sys.stderr):
-        folder = checkpoint(args.model)
-        chat = resolve("hardway.chat:ChatTemplate").from_folder(folder)  # lesson 13; no template: an error, early
-        model = load(folder, device=device, dtype=dtype)
-    chat_loop = resolve("hardway.chat_cli:chat_loop")  # lesson 13
+        source = open_model(args.model)  # lesson 06
+        chat = source.chat_template()  # lesson 13; no template: an error, early
+        model = source.load(device=device, dtype=dtype)
     return chat_loop(model, chat, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
                      system=args.system, **sampling)
 
@@ -181,14 +182,17 @@ def cmd_serve(args) -> int:
     if not 0 <= args.grace <= 3600:  # also refuses nan
         raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
     compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else ()
+    with contextlib.redirect_stdout(sys.stderr):
+        source = open_model(args.model)  # lesson 06: a missing or unreadable model is one line, before the banner
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
-    engine_class = resolve("hardway.serving:Engine" if args.no_prefix_cache  # lesson 14's, or lesson 15's
-                           else "hardway.prefix_cache:PrefixCachingEngine")
-    resolve("hardway.server:serve")(args.model, host=args.host, port=args.port, max_batch=args.max_batch,  # lesson 14
-                                    n_blocks=args.blocks, block_size=args.block_size, device=device, dtype=dtype,
-                                    grace_s=args.grace, max_step_tokens=args.max_step_tokens,
-                                    engine_class=engine_class, compile_sizes=compile_sizes)
+    # Imported here, not at the top: FastAPI and uvicorn add about a second to the start of every other command.
+    from hardway.server import serve  # lesson 14
+
+    serve(source, host=args.host, port=args.port, max_batch=args.max_batch, n_blocks=args.blocks,
+          block_size=args.block_size, device=device, dtype=dtype, grace_s=args.grace,
+          max_step_tokens=args.max_step_tokens, compile_sizes=compile_sizes,
+          engine_class=Engine if args.no_prefix_cache else PrefixCachingEngine)  # lesson 14's, or lesson 15's
     return 0
 
 
@@ -196,7 +200,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hardway", description="LLM inference the hard way")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", required=True, help="hub id (downloaded into models/) or a local folder")
+    common.add_argument("--model", required=True, help="a hub id (downloaded into models/), a local checkpoint "
+                        "folder (config.json and .safetensors), or a .gguf file")
     common.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     common.add_argument("--dtype", default=None, choices=sorted(DTYPE_NAMES),
                         help="default: float16 on CUDA, float32 on CPU")
@@ -211,8 +216,8 @@ def main(argv=None) -> int:
                    help="check the greedy tokens of the compiled decode step (lesson 12) instead of the eager one")
     v.add_argument("--server", default=None, metavar="URL", help="verify a running OpenAI-compatible server instead "
                    "(lesson 18); --model is then the name it serves, --dtype the dtype it computes in (default float32)")
-    v.add_argument("--reference", default=None, metavar="FOLDER",
-                   help="with --server: the checkpoint folder (or hub id) the server should be computing")
+    v.add_argument("--reference", default=None, metavar="MODEL",
+                   help="with --server: the checkpoint the server should be computing, named as --model is")
     v.add_argument("--prompts", default=None, metavar="FILE", help="with --server: prompts, one per line")
     v.add_argument("--top-logprobs", type=int, default=5, help="with --server: alternatives checked per token")
     sampling = argparse.ArgumentParser(add_help=False)

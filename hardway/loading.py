@@ -145,8 +145,13 @@ MODEL_CLASSES = {
 }
 # Lesson 12's re-storing of weight matrices for fast CPU decoding, reached by name like the model classes.
 DECODE_LAYOUT = "hardway.fast_decode:lay_out_for_decode"
-# Lesson 16's reader of a GGUF file into a Checkpoint, reached by name too.
+# Lesson 16's readers of a GGUF file (its config, its tensors as a Checkpoint, its chat template), reached by name too,
+# and so are lesson 10's tokenizer reader and lesson 13's chat template, for what `open_model` finds.
+GGUF_CONFIG = "hardway.gguf:gguf_config"
 GGUF_CHECKPOINT = "hardway.gguf:gguf_checkpoint"
+GGUF_CHAT_TEMPLATE = "hardway.gguf:gguf_chat_template"
+TOKENIZER = "hardway.tokenizer:load_tokenizer"
+CHAT_TEMPLATE = "hardway.chat:ChatTemplate"
 
 
 def resolve(reference: str):
@@ -155,28 +160,98 @@ def resolve(reference: str):
     return getattr(importlib.import_module(module), name)
 
 
+def model_class(config: dict, settings) -> str:
+    """MODEL_CLASSES' "module:class" for a config's model_type; else a ConfigError naming `settings`, its file."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
+        raise ConfigError(f"{settings} has model_type {model_type!r}; supported: {sorted(MODEL_CLASSES)}")
+    return MODEL_CLASSES[model_type]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model as someone named it, found on disk by `open_model`: a checkpoint folder, or one `.gguf` file
+    (lesson 16). Everything that opens a model starts here: `load`, its tokenizer, its chat template, and
+    transformers' copy of it (lesson 11), so that every command takes the same names and refuses them the same way."""
+    name: str   # as given: a hub id, a folder, a file (`hardway serve` reports it as the model's name)
+    path: Path  # the local checkpoint folder, or the .gguf file
+    kind: str   # "folder" or "gguf"
+
+    @property
+    def settings(self) -> Path:
+        """The file the model's settings come from: the folder's config.json, or the .gguf itself (its metadata)."""
+        return self.path if self.kind == "gguf" else self.path / "config.json"
+
+    def tokenizer(self):
+        """Lesson 02's tokenizer, as lesson 10's load_tokenizer reads it (a .gguf: from its metadata, unless the
+        folder beside it has tokenizer files)."""
+        return resolve(TOKENIZER)(self.path)
+
+    def chat_template(self):
+        """Lesson 13's ChatTemplate, with this tokenizer; a ChatTemplateError (a ValueError) when there is none."""
+        if self.kind == "gguf":
+            return resolve(GGUF_CHAT_TEMPLATE)(self.path)  # lesson 16: the metadata's, or the folder beside's
+        return resolve(CHAT_TEMPLATE).from_folder(self.path)
+
+    def load(self, device="cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
+        """The model, in eval mode: its tensors read once and cast to `dtype` on `device` (a GGUF's dequantized),
+        the class found by model_type, built."""
+        device, dtype = check_device(device), check_dtype(dtype)
+        if self.kind == "gguf":  # one file: the config is in its metadata, the weights quantized
+            ckpt = resolve(GGUF_CHECKPOINT)(self.path, device, dtype)
+        else:
+            ckpt = read_checkpoint(self.path, device, dtype)
+        try:
+            model = resolve(model_class(ckpt.config, self.settings)).from_checkpoint(ckpt)
+        except ConfigError as e:  # the models check the settings they read; say which file they came from
+            raise ConfigError(f"{self.settings}: {e}") from e
+        return resolve(DECODE_LAYOUT)(model)  # on CPU in fp32: matrices laid out for decoding; elsewhere unchanged
+
+    def from_pretrained_args(self) -> tuple[str, dict]:
+        """What transformers' from_pretrained takes to read the same model: the folder, and for a .gguf the
+        file's name in it as gguf_file."""
+        if self.kind == "gguf":
+            return str(self.path.parent), {"gguf_file": self.path.name}
+        return str(self.path), {}
+
+
+def open_model(name_or_path) -> ModelSource:
+    """The model a name means, found and checked, its weights not read yet: a `.gguf` file (lesson 16), a checkpoint
+    folder (config.json beside the .safetensors), or a hub repo id, whose folder in the models folder is downloaded
+    unless it is there. A missing path, a folder without config.json, a file that is not a GGUF, an unknown
+    model_type: an OSError or a ValueError that says which, in one line. A ModelSource comes back as it is."""
+    if isinstance(name_or_path, ModelSource):
+        return name_or_path
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix == ".safetensors":
+            raise ValueError(f"{name} is one .safetensors file: name the folder that holds it and its config.json")
+        model_class(resolve(GGUF_CONFIG)(path), path)  # a file that is not a GGUF: lesson 16's GGUFError says so
+        return ModelSource(name, path, "gguf")
+    looks_like_a_path = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 \
+        or path.suffix in (".gguf", ".safetensors")  # a hub id is "name" or "org/name"
+    if not path.is_dir() and looks_like_a_path:
+        raise FileNotFoundError(f"{name}: no such file or folder")
+    # a folder as it is (~ expanded); a hub id: its folder in the models folder, downloaded if need be
+    folder = checkpoint(path if path.is_dir() else name)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+        hint = f" It holds {ggufs[0]}: name that file instead." if ggufs else ""
+        raise FileNotFoundError(f"{folder} has no config.json: is it a model checkpoint folder?{hint}")
+    model_class(read_json_object(config_path), config_path)
+    return ModelSource(name, folder, "folder")
+
+
 def load(name_or_path, device="cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
-    """A ready model, in eval mode, from a hub repo id (e.g. "openai-community/gpt2"), a local checkpoint folder, or
-    a llama `.gguf` file (lesson 16: its weights dequantized to `dtype`).
+    """A ready model, in eval mode, from anything `open_model` takes: a hub repo id (e.g. "openai-community/gpt2"),
+    a local checkpoint folder, or a llama `.gguf` file (lesson 16: its weights dequantized to `dtype`).
 
     `dtype` is a torch.dtype or its name ("float16"). A bad config.json is a ConfigError that names the file and the
     setting; an unknown device or dtype is a ValueError, raised before anything is read."""
     device, dtype = check_device(device), check_dtype(dtype)
-    if str(name_or_path).endswith(".gguf"):  # one file: the config is in its metadata, the weights quantized
-        settings = Path(name_or_path)
-        ckpt = resolve(GGUF_CHECKPOINT)(settings, device, dtype)
-    else:
-        folder = checkpoint(name_or_path)
-        ckpt = read_checkpoint(folder, device, dtype)
-        settings = folder / "config.json"
-    model_type = ckpt.config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
-        raise ConfigError(f"{settings} has model_type {model_type!r}; supported: {sorted(MODEL_CLASSES)}")
-    try:
-        model = resolve(MODEL_CLASSES[model_type]).from_checkpoint(ckpt)
-    except ConfigError as e:  # the models check the settings they read; say which file they came from
-        raise ConfigError(f"{settings}: {e}") from e
-    return resolve(DECODE_LAYOUT)(model)  # on CPU in fp32: matrices laid out for decoding; elsewhere unchanged
+    return open_model(name_or_path).load(device, dtype)
 
 
 def forward_once(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hardway.chat import ChatTemplate, ChatTemplateError
+from hardway.loading import open_model
 from hardway.serving import Engine, Event, SamplingParams, Sequence, TokenLogprobs, token_logprobs
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt the context holds
@@ -715,32 +716,28 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
           grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine,
           compile_sizes=()) -> None:
-    """Load a model and serve it until SIGINT/SIGTERM: then running requests get `grace_s` seconds to finish, and
-    those still open are ended with an error (see _Server); a second signal ends sooner. `max_step_tokens`: the
-    tokens one engine step computes at most (a longer prompt is prefilled in chunks). `engine_class`: Engine, or a
-    subclass with the same arguments (`hardway serve` runs lesson 15's PrefixCachingEngine). `compile_sizes`: the
-    batch sizes whose decode steps are compiled, before the server listens."""
-    import torch
-
-    from hardway.hub import checkpoint
-    from hardway.loading import load
-    from hardway.tokenizer import load_tokenizer
-
+    """Load a model and serve it until SIGINT/SIGTERM. `model_id`: anything `open_model` takes (a hub id, a folder,
+    a .gguf file), or its ModelSource; /v1/models lists it under the name as given. On a signal, running requests
+    get `grace_s` seconds to finish, and those still open are ended with an error (see _Server); a second signal
+    ends sooner. `max_step_tokens`: the tokens one engine step computes at most (a longer prompt is prefilled in
+    chunks). `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson 15's
+    PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, before the server
+    listens."""
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             probe.bind((host, port))
         except OSError as e:
             raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    folder = checkpoint(model_id)
-    tokenizer = load_tokenizer(folder)
+    source = open_model(model_id)  # lesson 06: a hub id, a folder or a .gguf file (lesson 16), found and checked
+    tokenizer = source.tokenizer()
     try:
-        chat = ChatTemplate.from_folder(folder)
+        chat = source.chat_template()
     except (ChatTemplateError, OSError):
         chat = None  # a base model: /v1/completions only
 
     def build_engine() -> Engine:
-        model = load(folder, device=device, dtype=dtype or torch.float32)
+        model = source.load(device=device, dtype=dtype or torch.float32)
         blocks = n_blocks if n_blocks is not None else max_batch * -(-min(model.max_seq_len, 512) // block_size)
         return engine_class(model, tokenizer, n_blocks=blocks, block_size=block_size, max_batch=max_batch,
                             max_step_tokens=max_step_tokens, compile_sizes=compile_sizes)
@@ -749,7 +746,7 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     # own that then ends, and the engine thread computes everything after (lesson 14, "One thread computes"). With
     # n_blocks None: room for max_batch sequences of 512 positions (or the context, if shorter).
     engine = in_a_thread_of_its_own(build_engine)
-    app = create_app(engine, model_id, chat)
+    app = create_app(engine, source.name, chat)  # the name as given: what clients send as "model"
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _Server(config, app.state.worker, grace_s).run()
     if app.state.worker.thread.is_alive():

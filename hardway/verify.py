@@ -23,9 +23,8 @@ from transformers.utils import logging as transformers_logging
 
 from hardway.generation import generate  # lesson 08
 from hardway.gpt2 import causal_mask  # lesson 04
-from hardway.hub import checkpoint, dataset_file, repo_root, shakespeare_path  # lesson 01
-from hardway.loading import CausalLM, forward_once, load, resolve  # lesson 06
-from hardway.tokenizer import load_tokenizer  # lesson 10
+from hardway.hub import dataset_file, repo_root, shakespeare_path  # lesson 01
+from hardway.loading import CausalLM, forward_once, open_model, resolve  # lesson 06
 
 DEFAULT_PROMPT = "The three most important numbers in inference engineering are"
 
@@ -72,10 +71,12 @@ class Check:
     skipped: bool = False  # could not be run (e.g. a server that does not offer what it needs): neither pass nor fail
 
 
-def load_reference(folder, device="cpu", dtype=torch.float32):
-    """transformers' model for the same folder: dtype given at load (so RoPE's inv_freq stays fp32), SDPA attention."""
+def load_reference(model, device="cpu", dtype=torch.float32):
+    """transformers' model for the same checkpoint (anything `open_model` takes; a .gguf through its gguf_file=):
+    dtype given at load (so RoPE's inv_freq stays fp32), SDPA attention."""
     transformers_logging.disable_progress_bar()  # its per-load progress bar would bury the report
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    folder, extra = open_model(model).from_pretrained_args()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra).to(device).eval()
 
 
 @torch.inference_mode()
@@ -335,7 +336,8 @@ def diagnosis(diffs: HiddenStateDiffs, tol: float, layer0: dict[str, float]) -> 
 def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, new_tokens=50,
                max_eval_tokens=None, window=None, stride=None, out_dir=None, text_file=None,
                report: Callable[[list[Check]], None] | None = None, compile: bool = False) -> list[Check]:
-    """Run the three checks and the diagnostics on `model` (hub id or folder); perplexity on `text_file` (a local
+    """Run the three checks and the diagnostics on `model` (a hub id, a folder or a .gguf file: anything
+    `open_model` takes, transformers reading the same files); perplexity on `text_file` (a local
     UTF-8 file) when given, else on eval_text()'s corpus. Plots go to `out_dir` (default: artifacts/verify/ in the
     repository), which is checked first; `report(checks)` is called once the checks are done, before any plot
     is written. `compile`: the greedy check decodes with lesson 12's compiled StaticDecodeStep (the fast path)."""
@@ -345,15 +347,15 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
         tempfile.TemporaryFile(dir=out).close()
     except OSError as e:
         raise OSError(f"cannot write the plots into {out}: {e.strerror or e}") from None
-    folder = checkpoint(model)
+    source = open_model(model)  # lesson 06: found and checked, nothing loaded yet
     name, text = eval_text(text_file)  # before loading two models: a bad file fails fast
-    tokenizer = load_tokenizer(folder)
+    tokenizer = source.tokenizer()
     input_ids = torch.tensor([tokenizer.encode(prompt)], device=device)  # (1, T)
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token")
-    reference = None if dtype == torch.float32 else reference_logits(folder, input_ids, device)  # before the pair
-    ours = load(folder, device=device, dtype=dtype)
-    theirs = load_reference(folder, device=device, dtype=dtype)
+    reference = None if dtype == torch.float32 else reference_logits(source, input_ids, device)  # before the pair
+    ours = source.load(device=device, dtype=dtype)
+    theirs = load_reference(source, device=device, dtype=dtype)
     decoder = None  # lesson 12's compiled step (it compiles on its first call, inside the greedy check)
     if compile:
         decoder = resolve("hardway.fast_decode:StaticDecodeStep")(ours, max_len=input_ids.shape[1] + new_tokens)
@@ -381,10 +383,10 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
     ax = fig.subplots()
     ax.plot([math.exp(s / n) for s, n in a], label="hardway")
     ax.plot([math.exp(s / n) for s, n in b], "--", label="transformers")
-    ax.set_xlabel("window"); ax.set_ylabel("perplexity"); ax.set_title(f"{name}: {folder.name}, {dtype}"); ax.legend()
+    ax.set_xlabel("window"); ax.set_ylabel("perplexity"); ax.set_title(f"{name}: {source.path.name}, {dtype}"); ax.legend()
     fig.savefig(out / "perplexity.png", dpi=100, bbox_inches="tight")
     fig = Figure(figsize=(11, 3))
-    draw_hidden_state_diffs(diffs, tol, fig.subplots(1, 2), title=f"{folder.name}, {str(dtype)[6:]}: ")
+    draw_hidden_state_diffs(diffs, tol, fig.subplots(1, 2), title=f"{source.path.name}, {str(dtype)[6:]}: ")
     fig.savefig(out / "hidden_states.png", dpi=100, bbox_inches="tight")
     return checks
 

@@ -25,7 +25,7 @@ import torch
 import uvicorn
 from transformers import AutoTokenizer
 
-from hardway.hub import checkpoint
+from hardway.loading import open_model  # lesson 06
 from hardway.verify import DEFAULT_PROMPT, TOLERANCE, Check, comparison_attention, eval_text, load_reference, \
     rounding_step  # lesson 11
 
@@ -294,13 +294,16 @@ def to_answer(reference: Reference, said: list[Said] | None, missing: str, text:
 
 
 class Reference:
-    """The checkpoint folder's own model and tokenizer, as transformers computes them (lesson 11: fp32)."""
+    """The checkpoint's own model and tokenizer, as transformers computes them (lesson 11: fp32). `folder`: anything
+    `open_model` takes (a hub id, a folder, a .gguf file)."""
 
     def __init__(self, folder, device="cpu"):
-        self.folder = checkpoint(folder)
+        self.source = open_model(folder)  # lesson 06
+        self.folder = self.source.path  # the checkpoint folder, or the .gguf file
         self.device = device
-        self.model = load_reference(self.folder, device=device, dtype=torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        self.model = load_reference(self.source, device=device, dtype=torch.float32)
+        path, extra = self.source.from_pretrained_args()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, **extra)
         self.vocab_size = self.model.config.vocab_size  # the ids it can read
         config = self.model.generation_config
         eos = config.eos_token_id if config.eos_token_id is not None else self.model.config.eos_token_id
@@ -338,7 +341,7 @@ def logprob_bar(reference: Reference, dtype: torch.dtype, sequences: list[list[i
     tokens, plus one rounding step of the dtype at the largest |logit|."""
     if TOLERANCE[dtype].logits is not None:
         return TOLERANCE[dtype].logits, f"≤ {TOLERANCE[dtype].logits:g} ({str(dtype)[6:]})"
-    half = load_reference(reference.folder, device=reference.device, dtype=dtype)
+    half = load_reference(reference.source, device=reference.device, dtype=dtype)
     gap, biggest = 0.0, 0.0
     for ids in sequences:
         a, b = reference.logprobs(ids), reference.logprobs(ids, model=half)  # (T, V) each

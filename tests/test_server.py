@@ -23,7 +23,7 @@ from openai import OpenAI
 from hardway.chat import ChatTemplate
 from hardway.generation import generate
 from hardway.hub import checkpoint
-from hardway.loading import load
+from hardway.loading import ModelSource, load
 from hardway.tokenizer import load_tokenizer
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -376,9 +376,11 @@ def test_serve_computes_nothing_in_the_main_thread(monkeypatch):
     class Stop(Exception):
         pass
 
-    def fake_load(*args, **kwargs):
+    real_load = ModelSource.load
+
+    def fake_load(self, *args, **kwargs):
         built_in["load"] = threading.current_thread()
-        return load(*args, **kwargs)
+        return real_load(self, *args, **kwargs)
 
     class RecordingEngine(server.Engine):
         def __init__(self, *args, **kwargs):
@@ -388,7 +390,7 @@ def test_serve_computes_nothing_in_the_main_thread(monkeypatch):
     def stop(*args, **kwargs):
         raise Stop  # the engine is built: no need to serve
 
-    monkeypatch.setattr("hardway.loading.load", fake_load)
+    monkeypatch.setattr(ModelSource, "load", fake_load)
     monkeypatch.setattr(server, "create_app", stop)
     with pytest.raises(Stop):
         server.serve(GPT2, port=free_port(), engine_class=RecordingEngine)

@@ -65,7 +65,8 @@ def test_a_bad_text_file_is_one_clear_line_before_any_model_loads(tmp_path, caps
     path = tmp_path / "text.txt"
     if content is not None:
         path.write_bytes(content)
-    monkeypatch.setattr("hardway.verify.load", lambda *a, **k: pytest.fail("loaded a model for a bad --text"))
+    monkeypatch.setattr("hardway.loading.ModelSource.load",
+                        lambda *a, **k: pytest.fail("loaded a model for a bad --text"))
     assert cli.main(["verify", "--model", str(checkpoint(GPT2)), "--device", "cpu", "--text", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hardway verify: error: --text") and problem in err and "Traceback" not in err
@@ -240,8 +241,9 @@ def test_generate_streams_the_greedy_text(pair, capsys):
 
 
 def eager_compiled_steps(monkeypatch) -> list:
-    """Make lesson 12's StaticDecodeStep, as the command line resolves it, run dynamo's graph as captured (backend
-    "eager": the plumbing under test, not inductor, which tests/test_fast_decode.py checks); returns the steps made."""
+    """Make lesson 12's StaticDecodeStep, as the command line and the ritual reach it, run dynamo's graph as captured
+    (backend "eager": the plumbing under test, not inductor, which tests/test_fast_decode.py checks); returns the
+    steps made."""
     made = []
 
     class EagerBackendStep(fast_decode.StaticDecodeStep):
@@ -250,6 +252,7 @@ def eager_compiled_steps(monkeypatch) -> list:
             made.append(self)
 
     monkeypatch.setattr(fast_decode, "StaticDecodeStep", EagerBackendStep)
+    monkeypatch.setattr(cli, "StaticDecodeStep", EagerBackendStep)  # imported by name at the top of hardway.cli
     return made
 
 
