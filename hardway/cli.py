@@ -13,7 +13,7 @@ import torch
 from hardway.chat_cli import chat_loop  # lesson 13
 from hardway.fast_decode import StaticDecodeStep  # lesson 12
 from hardway.generation import generate
-from hardway.loading import DTYPE_NAMES, check_device, open_model, resolve
+from hardway.loading import DTYPE_NAMES, check_device, open_model
 from hardway.prefix_cache import PrefixCachingEngine  # lesson 15
 from hardway.sampling import SamplingConfig
 from hardway.serving import Engine  # lesson 14
@@ -49,18 +49,21 @@ def cmd_verify(args) -> int:
 
 
 def cmd_verify_server(args) -> int:
-    """`hardway verify --server URL --model NAME --reference FOLDER` (lesson 18): the ritual against a running
-    OpenAI-compatible server, the folder's model computed here by transformers as the reference."""
+    """`hardway verify --server URL --model NAME --reference MODEL` (lesson 18): the ritual against a running
+    OpenAI-compatible server, the reference model computed here by transformers."""
     if args.reference is None:
-        raise ValueError("--server needs --reference FOLDER: the checkpoint the server should be computing")
+        raise ValueError("--server needs --reference MODEL: the checkpoint the server should be computing (a hub id, a folder or a .gguf file)")
     if not 0 <= args.top_logprobs <= 20 or args.new_tokens < 1:
         raise ValueError("--top-logprobs must be in 0..20 and --new-tokens at least 1")
-    server = resolve("hardway.verify_server:Server")(args.server, args.model)
+    # Imported here, not at the top, for the reason cmd_verify gives: transformers is slow to import.
+    from hardway.verify import format_report
+    from hardway.verify_server import Reference, Server, read_prompts, run_server_ritual  # lesson 18
+
+    server = Server(args.server, args.model)
     server.check()  # an unreachable server: one line now, before the reference loads
-    prompts = resolve("hardway.verify_server:read_prompts")(args.prompts)
-    reference = resolve("hardway.verify_server:Reference")(args.reference, device=args.device or "cpu")
-    format_report = resolve("hardway.verify:format_report")
-    checks = resolve("hardway.verify_server:run_server_ritual")(
+    prompts = read_prompts(args.prompts)
+    reference = Reference(args.reference, device=args.device or "cpu")
+    checks = run_server_ritual(
         server, reference, prompts, new_tokens=args.new_tokens, top_k=args.top_logprobs,
         dtype=DTYPE_NAMES[args.dtype or "float32"], text_file=args.text, max_eval_tokens=args.max_eval_tokens or 1024)
     print(format_report(checks), flush=True)
@@ -196,7 +199,8 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and flag of `hardway`; the README's commands are parsed by it in the tests."""
     parser = argparse.ArgumentParser(prog="hardway", description="LLM inference the hard way")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -256,7 +260,11 @@ def main(argv=None) -> int:
                    help="compile the decode steps of these batch sizes (default 1: one request alone, as fast as "
                         "lesson 12's compiled step) before serving: about a minute per size, and a copy of the "
                         "weights of each; `benchmarks/serve.py --compile SIZES` measures which sizes pay on your CPU)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     commands = {"verify": cmd_verify, "generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     try:
         return commands[args.command](args)
