@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from hardway.generation import Decoder, decode_one_token, generate, prefill  # lesson 08
 from hardway.kv_cache import KVCache  # lesson 08
-from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
+from hardway.sampling import SamplingConfig  # lesson 07
 from hardway.timing import time_interleaved  # lesson 10: CUDA events, a full-length warm-up, interleaving
 
 
@@ -184,9 +184,10 @@ class StaticDecodeStep(Decoder):
         self.input_pos.fill_(pos)  # a fill with a host number; a copy_ from host memory would wait for the GPU
         return self.compiled(self.model, self.token, self.input_pos, self.kv_cache)  # (B, 1, V)
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY,
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig | None = None,
                  **kwargs) -> torch.Tensor:
-        """hardway.generate(model, input_ids, ..., decoder=self): the compiled one-token steps on the static cache."""
+        """hardway.generate(model, input_ids, ..., decoder=self), its keywords too (do_sample=..., eos_token_id=...):
+        the compiled one-token steps on the static cache."""
         return generate(self.model, input_ids, max_new_tokens, sampling, decoder=self, **kwargs)
 
 

@@ -144,6 +144,8 @@ class SamplingConfig:
     repetition_penalty: float | None = None
 
     def __post_init__(self):
+        if not isinstance(self.do_sample, bool):  # "no" or 0 would be truthy or falsy by accident
+            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
         self.processors()  # each processor checks its value: a bad one is a ValueError now
 
     def processors(self) -> LogitsProcessorList:
@@ -159,3 +161,33 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig()  # the default everywhere: the argmax, no processor
+
+
+TRANSFORMERS_TOP_K = 50  # transformers' generate samples among this many most likely tokens unless top_k is given
+
+
+def sampling_config(sampling: SamplingConfig | None = None, *, do_sample: bool | None = None,
+                    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                    repetition_penalty: float | None = None) -> SamplingConfig:
+    """The SamplingConfig of a call that takes `sampling` or transformers' generate keywords, never both (a ValueError
+    that names both); neither is GREEDY.
+
+    The keywords mean what they mean in transformers' `generate`: greedy unless do_sample=True (a temperature, top_k
+    or top_p given to greedy decoding is checked, then unused); when sampling, top_k left unset (None) is
+    transformers' default of 50, and top_k=0 the whole vocabulary. Unset temperature is 1.0."""
+    keywords = {name: value for name, value in (("do_sample", do_sample), ("temperature", temperature),
+                ("top_k", top_k), ("top_p", top_p), ("repetition_penalty", repetition_penalty)) if value is not None}
+    if sampling is not None:
+        if not isinstance(sampling, SamplingConfig):
+            raise ValueError(f"sampling must be a hardway.sampling.SamplingConfig, got {type(sampling).__name__}")
+        if keywords:
+            given = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
+            raise ValueError(f"both sampling={sampling} and {given} say how to pick the next token: pass the "
+                             f"keywords or the SamplingConfig, not both")
+        return sampling
+    if not keywords:
+        return GREEDY
+    do_sample = False if do_sample is None else do_sample
+    if do_sample is True and top_k is None:
+        top_k = TRANSFORMERS_TOP_K
+    return SamplingConfig(do_sample, 1.0 if temperature is None else temperature, top_k, top_p, repetition_penalty)
