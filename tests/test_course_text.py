@@ -1,6 +1,6 @@
 """The course's text: every "lesson NN" names a lesson that exists, nothing points outside the repository, and no
 planning or development words reach the learner (the course speaks to its reader, not about how it was made). Read from the notebooks, the README, the exported package, the solutions and the
-benchmarks: everything a learner reads."""
+benchmarks and docs/: everything a learner reads."""
 
 import json
 import re
@@ -30,7 +30,7 @@ def texts():
     for path in NOTEBOOKS:
         for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
             yield f"{path.name} cell {i}", "".join(cell["source"])
-    for pattern in ("README.md", "models/README.md", "hardway/**/*.py", "solutions/*.py", "benchmarks/*.py", "tools/*.py"):
+    for pattern in ("README.md", "models/README.md", "docs/*.md", "hardway/**/*.py", "solutions/*.py", "benchmarks/*.py", "tools/*.py"):
         for path in sorted(ROOT.glob(pattern)):
             yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
 
