@@ -3,7 +3,7 @@
 """From logits to the next token: logits processors (repetition penalty, temperature, top-k, top-p) and sampling."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -144,8 +144,9 @@ class SamplingConfig:
     repetition_penalty: float | None = None
 
     def __post_init__(self):
-        if not isinstance(self.do_sample, bool):  # "no" or 0 would be truthy or falsy by accident
+        if self.do_sample not in (True, False):  # "no" would be truthy; 1, 0 and numpy's bools are taken, as bools
             raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
+        object.__setattr__(self, "do_sample", bool(self.do_sample))  # frozen: set once, here
         self.processors()  # each processor checks its value: a bad one is a ValueError now
 
     def processors(self) -> LogitsProcessorList:
@@ -187,7 +188,8 @@ def sampling_config(sampling: SamplingConfig | None = None, *, do_sample: bool |
         return sampling
     if not keywords:
         return GREEDY
-    do_sample = False if do_sample is None else do_sample
-    if do_sample is True and top_k is None:
-        top_k = TRANSFORMERS_TOP_K
-    return SamplingConfig(do_sample, 1.0 if temperature is None else temperature, top_k, top_p, repetition_penalty)
+    config = SamplingConfig(False if do_sample is None else do_sample, 1.0 if temperature is None else temperature,
+                            top_k, top_p, repetition_penalty)  # every value checked
+    if config.do_sample and top_k is None:
+        config = replace(config, top_k=TRANSFORMERS_TOP_K)
+    return config

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import GPT2Config as HFGPT2Config
@@ -222,6 +223,7 @@ def test_do_sample_alone_is_transformers_default_top_k(tiny):
     model = hardway.load(folder)
     ids = ids_for(100, seed=4)
     assert sampling_config(do_sample=True) == SamplingConfig(do_sample=True, top_k=50)
+    assert sampling_config(do_sample=np.True_) == sampling_config(do_sample=True)  # numpy's bool, as a bool
     assert sampling_config(do_sample=True, top_k=0).processors() == []  # top_k=0: the whole vocabulary
     assert SamplingConfig(do_sample=True).top_k is None
     for seed in (0, 1):
