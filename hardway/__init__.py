@@ -1,14 +1,15 @@
 """hardway: LLM inference built by hand, exported from the course notebooks.
 
-    from hardway import SamplingConfig, generate, forward_once, load
-    model = load("openai-community/gpt2")           # hub id or local folder; device=, dtype= optional
-    out = generate(model, input_ids, max_new_tokens=50)                  # greedy
-    out = generate(model, input_ids, 50, SamplingConfig(do_sample=True, top_p=0.9))
+    from hardway import SamplingConfig, forward_once, generate, load, load_tokenizer
+    model = load("openai-community/gpt2")           # hub id, local folder or .gguf file; device=, dtype= optional
+    out = generate(model, input_ids, max_new_tokens=50, do_sample=False)          # greedy, transformers' keywords
+    out = generate(model, input_ids, max_new_tokens=50, do_sample=True, top_p=0.9)
+    out = generate(model, input_ids, 50, SamplingConfig(do_sample=True, top_p=0.9))  # the same settings, one object
     logits = forward_once(model, input_ids)         # (B, T, vocab)
 
-Every model `load` returns meets one contract, `hardway.CausalLM` (lesson 06): config, max_seq_len, eos_token_ids,
-new_kv_cache(batch_size, max_len=None), forward(input_ids, kv_cache=None, start_pos=0, last_only=False,
-attention_mask=None), and the diagnostics' embed, blocks, final_norm, qkv. `hardway.loading.MODEL_CLASSES` lists the architectures.
+These six names (`__all__`) are the public API, written down with their promises in docs/api.md: a documented call
+keeps working. Every model `load` returns meets one contract, `hardway.CausalLM` (lesson 06). Module paths
+(`hardway.generation`, `hardway.fast_decode`, ...) are the lessons' own code and change with them.
 
 This file is the only hand-written module: it re-exports the public API, each name imported on first use so that
 `import hardway` stays cheap. Everything else in hardway/ is generated from notebooks/ by tools/export.py.
@@ -33,3 +34,7 @@ def __getattr__(name):
     value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

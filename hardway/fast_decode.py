@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from hardway.generation import Decoder, decode_one_token, generate, prefill  # lesson 08
 from hardway.kv_cache import KVCache  # lesson 08
-from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
+from hardway.sampling import SamplingConfig  # lesson 07
 from hardway.timing import time_interleaved  # lesson 10: CUDA events, a full-length warm-up, interleaving
 
 
@@ -89,12 +89,44 @@ def use_decode_layout(device, dtype) -> bool:
 def lay_out_for_decode(model: nn.Module) -> nn.Module:
     """On CPU in fp32, every weight matrix of `model` re-stored with decode_layout, in place; elsewhere unchanged.
 
-    `parameters()` yields a tied Parameter once, and we replace its data, not the Parameter: ties survive."""
+    `parameters()` yields a tied Parameter once, and we replace its data, not the Parameter: ties survive. The
+    strides the matrices had are kept in `model.loaded_strides`, for lay_out_after_move."""
     weight = next(model.parameters())
     if use_decode_layout(weight.device, weight.dtype):
+        remember_loaded_strides(model)
         for p in model.parameters():
             if p.dim() == 2:
                 p.data = decode_layout(p.data)
+    return model
+
+
+def remember_loaded_strides(model: nn.Module) -> None:
+    """Each weight matrix's strides before the first re-layout, in `model.loaded_strides` {name: strides}."""
+    if "loaded_strides" not in model.__dict__:
+        model.loaded_strides = {name: p.stride() for name, p in model.named_parameters() if p.dim() == 2}
+
+
+def decode_strides(shape) -> tuple[int, int]:
+    """The strides decode_layout gives an (out, in) matrix: column by column when out >= in, else row by row."""
+    out_features, in_features = shape
+    return (1, out_features) if out_features >= in_features else (in_features, 1)
+
+
+def lay_out_after_move(model: nn.Module) -> nn.Module:
+    """After `model.to(...)`, `.half()`, `.cuda()` (the models' `_apply` calls this): on CPU in fp32 every matrix in
+    decode_layout (copied only if one is not), elsewhere every matrix back in the strides it was loaded with,
+    `model.loaded_strides` (a copy keeps strides, and this layout pays on CPU in fp32 only). In place, ties kept."""
+    matrices = [(name, p) for name, p in model.named_parameters() if p.dim() == 2]
+    if not matrices:
+        return model
+    if use_decode_layout(matrices[0][1].device, matrices[0][1].dtype):
+        if any(p.stride() != decode_strides(p.shape) for _, p in matrices):
+            lay_out_for_decode(model)
+        return model
+    for name, p in matrices:
+        strides = model.loaded_strides.get(name)
+        if strides is not None and p.stride() != strides:
+            p.data = torch.empty_strided(p.shape, strides, dtype=p.dtype, device=p.device).copy_(p.data)
     return model
 
 
@@ -184,9 +216,10 @@ class StaticDecodeStep(Decoder):
         self.input_pos.fill_(pos)  # a fill with a host number; a copy_ from host memory would wait for the GPU
         return self.compiled(self.model, self.token, self.input_pos, self.kv_cache)  # (B, 1, V)
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY,
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig | None = None,
                  **kwargs) -> torch.Tensor:
-        """hardway.generate(model, input_ids, ..., decoder=self): the compiled one-token steps on the static cache."""
+        """hardway.generate(model, input_ids, ..., decoder=self), its keywords too (do_sample=..., eos_token_id=...):
+        the compiled one-token steps on the static cache."""
         return generate(self.model, input_ids, max_new_tokens, sampling, decoder=self, **kwargs)
 
 
@@ -248,6 +281,7 @@ def lay_out_rows(model: nn.Module) -> nn.Module:
     matvec_as_sum's loop streams. Same values and shapes; eager matmuls on it are slower (decode_layout's reason)."""
     weight = next(model.parameters())
     if use_decode_layout(weight.device, weight.dtype):
+        remember_loaded_strides(model)  # for lay_out_after_move
         for p in model.parameters():
             if p.dim() == 2:
                 p.data = empty_on_huge_pages(tuple(p.shape), p.dtype).copy_(p.data)

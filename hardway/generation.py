@@ -10,7 +10,7 @@ import torch
 
 from hardway.errors import check_int  # lesson 03
 from hardway.loading import CausalLM, eos_token_list  # lesson 06: the model contract, the one EOS normalisation
-from hardway.sampling import GREEDY, SamplingConfig, sample_next_token  # lesson 07
+from hardway.sampling import SamplingConfig, sample_next_token, sampling_config  # lesson 07
 
 MODEL_EOS = object()  # default of `eos_token_id`: use model.eos_token_ids
 
@@ -95,15 +95,19 @@ class Decoder:
 
 
 @torch.inference_mode()
-def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY,
-             *, eos_token_id=MODEL_EOS, generator: torch.Generator | None = None,
+def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
+             sampling: SamplingConfig | None = None, *, do_sample: bool | None = None, temperature: float | None = None,
+             top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+             eos_token_id=MODEL_EOS, generator: torch.Generator | None = None,
              on_token: Callable[[torch.Tensor], None] | None = None, attention_mask: torch.Tensor | None = None,
              decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None
              ) -> torch.Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
-    `prefill`, then `decode_one_token` once per new token. Each step follows transformers' generate: the last
-    position's logits, cast to fp32, go through `sampling`'s processors (lesson 07; default greedy), then argmax or a
+    How the next token is picked: transformers' keywords `do_sample`, `temperature`, `top_k`, `top_p`,
+    `repetition_penalty`, meaning what they mean there, or `sampling`, a SamplingConfig (lesson 07); not both
+    (sampling_config); default greedy. `prefill`, then `decode_one_token` once per new token. Each step follows
+    transformers' generate: the last position's logits, cast to fp32, go through the processors, then argmax or a
     draw (`generator`: a seeded torch.Generator, or None for torch's global one). A row stops after it emits an EOS
     token (the EOS is kept); a finished row is padded with the first EOS id while the others go on, and the loop ends
     when every row has finished. `eos_token_id`: an id or list of ids, None for a fixed length, default
@@ -117,8 +121,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     # Every argument is checked before the model runs or a cache is allocated.
     max_new_tokens = check_prompt(model, input_ids, max_new_tokens)
     B, T = input_ids.shape
-    if not isinstance(sampling, SamplingConfig):
-        raise ValueError(f"sampling must be a hardway.sampling.SamplingConfig, got {type(sampling).__name__}")
+    sampling = sampling_config(sampling, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                               repetition_penalty=repetition_penalty)
     if sampling.do_sample and generator is not None and generator.device != input_ids.device:
         raise ValueError(f"the generator is on {generator.device}, the token ids on {input_ids.device}: "
                          f"make it with torch.Generator(device={str(input_ids.device)!r})")

@@ -326,6 +326,15 @@ class GPT(nn.Module):
         c, w = self.config, self.wte.weight
         return KVCache(c.n_layer, batch_size, max_len, c.n_head, c.head_dim, w.dtype, w.device)
 
+    def _apply(self, fn, recurse=True):
+        """What .to(device or dtype), .cuda(), .half() and .float() run: torch converts every tensor (keeping its
+        strides), then a model whose matrices `load` re-stored for CPU decoding (lesson 12) gets the layout `load`
+        gives where it now is. A model moved computes what a model loaded there computes."""
+        super()._apply(fn, recurse)
+        if "loaded_strides" in self.__dict__:  # set by lesson 12's lay_out_for_decode, so its module is imported
+            importlib.import_module("hardway.fast_decode").lay_out_after_move(self)
+        return self
+
     @classmethod
     def from_checkpoint(cls, checkpoint) -> "GPT":
         """GPT-2 from a `hardway.loading.Checkpoint`: its tensors (already in their dtype, on their device) become

@@ -6,6 +6,7 @@ Written to match transformers' LlamaForCausalLM / Qwen2ForCausalLM bit for bit i
 """
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass, field
 
@@ -159,6 +160,15 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig, device=None):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)  # (d/2,) fp32
+
+    def _apply(self, fn, recurse=True):
+        """.to(dtype), .half(), .bfloat16() cast every floating-point buffer: the frequencies follow the device but
+        stay fp32, as computed (in half precision the angle of position 1000 would be off by radians)."""
+        inv_freq = self.inv_freq  # (d/2,) fp32
+        super()._apply(fn, recurse)
+        # a meta skeleton (to_empty) has no values to keep: only the dtype
+        self.inv_freq = self.inv_freq.float() if inv_freq.is_meta else inv_freq.to(self.inv_freq.device)
+        return self
 
     def forward(self, positions, dtype):  # positions: (T,) int64, or (B, T): each row its own (lesson 13)
         freqs = positions.float()[..., None] * self.inv_freq.float()  # (T, d/2) or (B, T, d/2) angles, fp32
@@ -350,6 +360,16 @@ class Llama(nn.Module):
             raise ValueError(f"max_len={max_len} is longer than this model's max_seq_len={self.max_seq_len}")
         c, w = self.config, self.tok_emb.weight
         return KVCache(c.num_hidden_layers, batch_size, max_len, c.num_key_value_heads, c.head_dim, w.dtype, w.device)
+
+    def _apply(self, fn, recurse=True):
+        """.to(), .cuda(), .half(), .float(): as lesson 06's GPT, the layout `load` gives where the model now is; and
+        the head tied again (a move to the meta device makes each module a Parameter of its own)."""
+        super()._apply(fn, recurse)
+        if self.config.tie_word_embeddings and type(self.lm_head) is nn.Linear:  # not a quantized or packed head
+            self.lm_head.weight = self.tok_emb.weight
+        if "loaded_strides" in self.__dict__:  # set by lesson 12's lay_out_for_decode
+            importlib.import_module("hardway.fast_decode").lay_out_after_move(self)
+        return self
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "Llama":

@@ -3,7 +3,7 @@
 """From logits to the next token: logits processors (repetition penalty, temperature, top-k, top-p) and sampling."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -144,6 +144,9 @@ class SamplingConfig:
     repetition_penalty: float | None = None
 
     def __post_init__(self):
+        if self.do_sample not in (True, False):  # "no" would be truthy; 1, 0 and numpy's bools are taken, as bools
+            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
+        object.__setattr__(self, "do_sample", bool(self.do_sample))  # frozen: set once, here
         self.processors()  # each processor checks its value: a bad one is a ValueError now
 
     def processors(self) -> LogitsProcessorList:
@@ -159,3 +162,34 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig()  # the default everywhere: the argmax, no processor
+
+
+TRANSFORMERS_TOP_K = 50  # transformers' generate samples among this many most likely tokens unless top_k is given
+
+
+def sampling_config(sampling: SamplingConfig | None = None, *, do_sample: bool | None = None,
+                    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                    repetition_penalty: float | None = None) -> SamplingConfig:
+    """The SamplingConfig of a call that takes `sampling` or transformers' generate keywords, never both (a ValueError
+    that names both); neither is GREEDY.
+
+    The keywords mean what they mean in transformers' `generate`: greedy unless do_sample=True (a temperature, top_k
+    or top_p given to greedy decoding is checked, then unused); when sampling, top_k left unset (None) is
+    transformers' default of 50, and top_k=0 the whole vocabulary. Unset temperature is 1.0."""
+    keywords = {name: value for name, value in (("do_sample", do_sample), ("temperature", temperature),
+                ("top_k", top_k), ("top_p", top_p), ("repetition_penalty", repetition_penalty)) if value is not None}
+    if sampling is not None:
+        if not isinstance(sampling, SamplingConfig):
+            raise ValueError(f"sampling must be a hardway.sampling.SamplingConfig, got {type(sampling).__name__}")
+        if keywords:
+            given = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
+            raise ValueError(f"both sampling={sampling} and {given} say how to pick the next token: pass the "
+                             f"keywords or the SamplingConfig, not both")
+        return sampling
+    if not keywords:
+        return GREEDY
+    config = SamplingConfig(False if do_sample is None else do_sample, 1.0 if temperature is None else temperature,
+                            top_k, top_p, repetition_penalty)  # every value checked
+    if config.do_sample and top_k is None:
+        config = replace(config, top_k=TRANSFORMERS_TOP_K)
+    return config

@@ -17,7 +17,7 @@ from hardway.fast_decode import StaticDecodeStep, cpu_decode_backend  # lesson 1
 from hardway.generation import MODEL_EOS, check_prompt, decode_one_token, prefill, stop_ids  # lesson 08
 from hardway.loading import CausalLM  # lesson 06
 from hardway.quantize import quantize_linears  # lesson 16
-from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
+from hardway.sampling import GREEDY, SamplingConfig, sampling_config  # lesson 07
 from hardway.serving import onednn_linear_pays, with_onednn_linears  # lesson 14
 from hardway.timing import time_interleaved  # lesson 10
 
@@ -111,11 +111,14 @@ class GuessSchedule:
 
 @torch.inference_mode()
 def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Drafter, k: int | GuessSchedule = 4,
-                         max_new_tokens: int = 50, sampling: SamplingConfig = GREEDY, *, eos_token_id=MODEL_EOS,
+                         max_new_tokens: int = 50, sampling: SamplingConfig | None = None, *,
+                         do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+                         top_p: float | None = None, repetition_penalty: float | None = None, eos_token_id=MODEL_EOS,
                          generator: torch.Generator | None = None, on_token=None,
                          stats: SpeculationStats | None = None, greedy_rule=accept_greedy,
                          verifier: Verifier | None = None) -> torch.Tensor:
-    """lesson 08's `generate(model, input_ids, max_new_tokens, sampling, ...)` for one prompt, input_ids (1, T), with
+    """lesson 08's `generate(model, input_ids, max_new_tokens, sampling, ...)` for one prompt, input_ids (1, T) (its
+    sampling keywords too: do_sample=True, top_k=..., or sampling=SamplingConfig(...), not both), with
     `drafter` guessing up to `k` tokens before each verify step (or as many as `k`, a GuessSchedule, asks for each
     step) -> (1, T + n_new). Greedy: generate's tokens; sampling: generate's distribution. `stats` (a
     SpeculationStats) records every step; `on_token(ids (j,))` gets each step's new tokens; `greedy_rule(draft,
@@ -127,8 +130,8 @@ def speculative_generate(model: CausalLM, input_ids: torch.Tensor, drafter: Draf
     if B != 1:
         raise ValueError(f"speculative decoding runs one prompt at a time here (input_ids (1, T)), got a batch of {B}:"
                          f" each row would keep a different number of guesses")
-    if not isinstance(sampling, SamplingConfig):
-        raise ValueError(f"sampling must be a hardway.sampling.SamplingConfig, got {type(sampling).__name__}")
+    sampling = sampling_config(sampling, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                               repetition_penalty=repetition_penalty)  # lesson 07: generate's rule
     eos = set(stop_ids(model, eos_token_id))
     processors = sampling.processors()
     end = T + max_new_tokens

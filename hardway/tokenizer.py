@@ -4,14 +4,19 @@
 from pathlib import Path
 
 from hardway.bpe import BPETokenizer, GPT2Tokenizer
+from hardway.hub import checkpoint  # lesson 01: a hub repo id -> its local folder
 from hardway.loading import resolve
 
 GGUF_TOKENIZER = "hardway.gguf:gguf_tokenizer"  # lesson 16's reader of a GGUF's own tokenizer, reached by name
 
 
 def load_tokenizer(folder):
-    """tokenizer.json (Llama 3, SmolLM2, Qwen2.5, and GPT-2's hub repo) when present, else vocab.json + merges.txt.
+    """The tokenizer of a checkpoint named as `hardway.load` names it: a hub repo id, a local folder, or a `.gguf` file.
+
+    tokenizer.json (Llama 3, SmolLM2, Qwen2.5, and GPT-2's hub repo) when present, else vocab.json + merges.txt.
     A `.gguf` file (lesson 16): the tokenizer of the folder beside it when there is one, else its metadata's."""
+    if not Path(folder).exists():  # not a file or folder here: a hub repo id, resolved (and fetched) as `load` does
+        folder = checkpoint(folder)
     folder = Path(folder)
     if folder.suffix == ".gguf" and folder.is_file():
         beside = folder.parent
