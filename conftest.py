@@ -5,9 +5,13 @@ The model hub is unreachable in CI, so every test and notebook runs on the offli
 A kernel that nbmake starts inherits this environment.
 """
 
+import ctypes
+import gc
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -26,3 +30,19 @@ def pytest_configure(config):
     workers = getattr(config.option, "numprocesses", None) or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def give_memory_back_after_each_module():
+    """A test module's models should be freed when its fixtures end. Two things kept them: FastAPI's caches of
+    route handlers (lru_caches keyed by the handler, in fastapi.dependencies.models), which hold every app a module
+    served in-process, with its engine and model; and glibc, which keeps freed pages in the process. Two workers
+    holding them all along, beside the notebook kernels, outgrew a 24 GB machine and swapped."""
+    yield
+    routes = sys.modules.get("fastapi.dependencies.models")
+    for cached in vars(routes).values() if routes else ():
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -31,15 +31,14 @@ from hardway.memory import weight_bytes
 from hardway.timing import time_interleaved
 
 
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
+def save_tiny_models(tmp_path_factory, positions: int = 64) -> dict:
     """A seeded random 2-layer GPT-2 and Llama (GQA, tied head), saved by transformers; {name: (folder, reference)}."""
     out = {}
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(HFGPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64, vocab_size=100)).eval()
+    gpt2 = GPT2LMHeadModel(HFGPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=positions, vocab_size=100)).eval()
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                         tie_word_embeddings=True)).eval()
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=positions, tie_word_embeddings=True)).eval()
     for name, model in (("gpt2", gpt2), ("llama", llama)):
         with torch.no_grad():  # larger than the default init, so that the logits are far from uniform
             for p in model.parameters():
@@ -48,6 +47,11 @@ def tiny_models(tmp_path_factory):
         model.save_pretrained(folder)
         out[name] = (folder, model)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    return save_tiny_models(tmp_path_factory)
 
 
 def prompt(vocab, B=1, T=7, seed=0):

@@ -25,7 +25,6 @@ from hardway.generation import generate
 from hardway.gguf import smollm2_gguf
 from hardway.hub import checkpoint
 from hardway.loading import ModelSource, open_model
-from hardway.tokenizer import load_tokenizer
 from hardway.verify_server import background_server
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -54,7 +53,9 @@ def weights_file(source: ModelSource):
 
 @pytest.fixture(scope="module")
 def loaded() -> dict:
-    return {}
+    models = {}
+    yield models
+    models.clear()  # four models of 135M parameters: not kept for the rest of the worker's tests
 
 
 @pytest.fixture

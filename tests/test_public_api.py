@@ -10,7 +10,6 @@ model loaded on CPU in fp32 (its matrices laid out for decoding, lesson 12) and 
 
 import ast
 import copy
-import importlib
 import inspect
 import re
 import subprocess
@@ -20,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import GPT2Config as HFGPT2Config
-from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 import hardway
 from hardway.sampling import SamplingConfig, sampling_config
 from hardway.speculative import PromptLookupDrafter, speculative_generate
+from test_fast_decode import save_tiny_models  # tests/ is on sys.path under pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 API_PAGE = ROOT / "docs" / "api.md"
@@ -143,21 +142,8 @@ def test_the_pages_example_runs_on_the_gpt2_standin():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """A seeded random 2-layer GPT-2 and Llama (GQA, tied head), saved by transformers: {name: (folder, reference)}."""
-    torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(HFGPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=96, vocab_size=100)).eval()
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
-                                         tie_word_embeddings=True)).eval()
-    out = {}
-    for name, model in (("gpt2", gpt2), ("llama", llama)):
-        with torch.no_grad():  # larger than the default init, so that the logits are far from uniform
-            for p in model.parameters():
-                p.normal_(0, 0.3) if p.dim() > 1 else p.add_(0.1 * torch.randn_like(p))
-        folder = tmp_path_factory.mktemp(f"tiny-{name}")
-        model.save_pretrained(folder)
-        out[name] = (folder, model)
-    return out
+    """test_fast_decode's tiny GPT-2 and Llama, with room for 96 positions: {name: (folder, reference)}."""
+    return save_tiny_models(tmp_path_factory, positions=96)
 
 
 def ids_for(vocab: int, T: int = 7, B: int = 1, seed: int = 0) -> torch.Tensor:

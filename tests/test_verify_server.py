@@ -37,7 +37,7 @@ from hardway.prefix_cache import PrefixCachingEngine
 from hardway.server import create_app
 from hardway.serving import Engine
 from hardway.tokenizer import load_tokenizer
-from hardway.verify_server import Reference, Server as Endpoint, ServerUnusable, Unreadable, background_server, \
+from hardway.verify_server import Reference, Server as Endpoint, ServerUnusable, background_server, \
     read_completion, run_server_ritual
 
 CHECKS = ("tokenizer", "greedy tokens", "token logprobs", "perplexity", "chat template")
