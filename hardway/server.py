@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hardway.chat import ChatTemplate, ChatTemplateError
 from hardway.loading import open_model
-from hardway.serving import Engine, Event, SamplingParams, Sequence, TokenLogprobs, token_logprobs
+from hardway.serving import Engine, RequestOutput, SamplingParams, TokenLogprobs
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt the context holds
 BODY_TIMEOUT_S = 30.0     # a body still incomplete after this long is answered 408, so a stalled client holds nothing
@@ -73,34 +73,15 @@ class Pending:
     prompt_ids: list[int]
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # Events, then an Ended if it did not finish
-    seq: Sequence | None = None
-    prompt_logprobs: int | None = None  # echo with logprobs: the k most likely beside each prompt token's own
-    prompt_entries: list[TokenLogprobs | None] | None = None  # filled by the engine thread (prompt_logprobs)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutputs, then an Ended if it did not finish
+    request_id: int | None = None  # the engine's id for it, once the engine thread has added it
     disconnect_checked: float = 0.0  # when next_event last asked whether the client is still there (monotonic s)
 
 
-PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the logits held at once are (256, V)
-
-
-@torch.inference_mode()
-def prompt_logprobs(model, ids: list[int], k: int) -> list[TokenLogprobs | None]:
-    """Each prompt token's log-probability given the tokens before it, with the k most likely there: what `echo`
-    with `logprobs` returns (None for the first token, which nothing predicts). One teacher-forced pass over the
-    prompt through lesson 08's KV cache, PROMPT_CHUNK positions at a time; the engine's own prefill stays as it is."""
-    device = next(model.parameters()).device
-    cache, out = model.new_kv_cache(1, len(ids)), [None]
-    for lo in range(0, len(ids) - 1, PROMPT_CHUNK):  # the last prompt position predicts the first new token
-        chunk = ids[lo:min(lo + PROMPT_CHUNK, len(ids) - 1)]
-        logits = model(torch.tensor([chunk], device=device), kv_cache=cache, start_pos=lo)[0]  # (T, V)
-        out += token_logprobs(logits, ids[lo + 1:lo + 1 + len(chunk)], k)  # position i predicts token i + 1
-    return out
-
-
-def put_each(items: list[tuple[asyncio.Queue, Event]]) -> None:
-    """In the event loop's thread: each event into its request's queue."""
-    for events, event in items:
-        events.put_nowait(event)
+def put_each(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    """In the event loop's thread: each RequestOutput into its request's queue."""
+    for events, out in items:
+        events.put_nowait(out)
 
 
 class EngineThread:
@@ -113,7 +94,7 @@ class EngineThread:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.inbox: queue.Queue = queue.Queue()  # ("add", Pending) or ("abort", Pending), from the handlers
-        self.pending: dict[int, Pending] = {}    # seq.id -> its request
+        self.pending: dict[int, Pending] = {}    # request id -> its request
         self.admitting = True                    # False once shutting down: submit() refuses
         self.closed = False                      # True once the loop has ended: nothing put in the inbox is read
         self.door = threading.Lock()             # submit() and the loop's last look at the inbox, one at a time
@@ -167,14 +148,14 @@ class EngineThread:
         return {"status": status, "engine_thread_alive": alive,
                 "seconds_since_engine_loop": round(time.monotonic() - self.last_loop, 3)}
 
-    def _deliver(self, request: Pending, item: Event | Ended) -> None:
+    def _deliver(self, request: Pending, item: RequestOutput | Ended) -> None:
         request.loop.call_soon_threadsafe(request.events.put_nowait, item)
 
     def _end(self, request: Pending, status: int, message: str) -> None:
         """Tell a request it ended without finishing, and forget it."""
-        if request.seq is not None:
-            self.engine.abort(request.seq)  # its blocks go back to the pool
-            self.pending.pop(request.seq.id, None)
+        if request.request_id is not None:
+            self.engine.abort(request.request_id)  # its blocks go back to the pool
+            self.pending.pop(request.request_id, None)
         self._deliver(request, Ended(status, message))
 
     def _take_inbox(self, block: bool) -> None:
@@ -185,36 +166,30 @@ class EngineThread:
                 return
             block = False
             if kind == "add":
-                try:  # checked by the handler first; the engine checks again, and one bad request stays one
-                    if request.prompt_logprobs is not None:  # echo: one pass over the prompt here, in this thread
-                        request.prompt_entries = prompt_logprobs(self.engine.model, request.prompt_ids,
-                                                                 request.prompt_logprobs)
-                    request.seq = self.engine.add(request.prompt_ids, request.params)
-                except ValueError as e:
-                    self._deliver(request, Ended(400, str(e)))
+                try:  # the handler checked it (sampling_params, prompt_ids): the engine does not check it again
+                    request.request_id = self.engine.add(request.prompt_ids, request.params, checked=True).id
+                except Exception as e:  # noqa: BLE001 - not the client's fault, and this request's alone
+                    log.error("the engine could not take a request: %s: %s", type(e).__name__, e)
+                    self._deliver(request, Ended(500, f"the engine could not take this request: {type(e).__name__}: {e}"))
                     continue
-                except Exception as e:  # noqa: BLE001 - the prompt's pass failed: this request alone
-                    log.error("the prompt log-probabilities failed: %s: %s", type(e).__name__, e)
-                    self._deliver(request, Ended(500, f"the prompt's log-probabilities failed: {type(e).__name__}: {e}"))
-                    continue
-                self.pending[request.seq.id] = request
-            elif request.seq is not None and request.seq.id in self.pending:  # abort: the client went away
-                self.engine.abort(request.seq)
-                del self.pending[request.seq.id]
+                self.pending[request.request_id] = request
+            elif request.request_id in self.pending:  # abort: the client went away
+                self.engine.abort(request.request_id)
+                del self.pending[request.request_id]
 
     def _step(self) -> None:
-        handed: dict[asyncio.AbstractEventLoop, list] = {}  # this step's events, by the event loop they go to
-        for event in self.engine.step():
-            request = self.pending.get(event.seq.id)
+        handed: dict[asyncio.AbstractEventLoop, list] = {}  # this step's outputs, by the event loop they go to
+        for out in self.engine.step():
+            request = self.pending.get(out.request_id)
             if request is None:
                 continue
-            if event.seq.error is not None:  # the engine could not compute this one; the others go on
-                log.error("request %s failed in the engine: %s", event.seq.id, event.seq.error)
-                self._end(request, 500, f"the engine failed on this request: {event.seq.error}")
+            if out.error is not None:  # the engine could not compute this one; the others go on
+                log.error("request %s failed in the engine: %s", out.request_id, out.error)
+                self._end(request, 500, f"the engine failed on this request: {out.error}")
                 continue
-            handed.setdefault(request.loop, []).append((request.events, event))
-            if event.finished:
-                del self.pending[event.seq.id]
+            handed.setdefault(request.loop, []).append((request.events, out))
+            if out.finished:
+                del self.pending[out.request_id]
         for loop, items in handed.items():  # one wake-up of the event loop per step, not one per request
             loop.call_soon_threadsafe(put_each, items)
 
@@ -230,8 +205,7 @@ class EngineThread:
                 log.error("an engine step failed: %s: %s", type(e).__name__, e)
                 for request in list(self.pending.values()):
                     self._end(request, 500, f"the engine failed on this step: {type(e).__name__}: {e}")
-                for seq in list(self.engine.running) + list(self.engine.waiting):
-                    self.engine.abort(seq)  # nobody waits for them now; every block back
+                self.engine.abort_all()  # nobody waits for them now; every block back
         with self.door:  # shutting down: from here on submit() refuses, so this look at the inbox is the last
             self.closed = True
         self._take_inbox(block=False)
@@ -421,7 +395,7 @@ DISCONNECT_CHECK_S = 0.5  # how often a request asks whether its client is still
 
 
 async def next_event(request: Request, pending: Pending, worker: EngineThread):
-    """The request's next Event or Ended from the engine, or DISCONNECTED once the client has hung up (asked at most
+    """The request's next RequestOutput or Ended from the engine, or DISCONNECTED once the client has hung up (asked at most
     twice a second: asking costs about as much as sending a token), so its blocks are freed within half a second."""
     while True:
         now = time.monotonic()
@@ -491,6 +465,8 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         ids = prompt_ids(body.get("prompt"), engine)
         params = sampling_params(body, len(ids), engine, None, default_max_tokens=16)  # OpenAI's default: 16
         echo = echo_asked(body, chat=False)
+        if echo:  # the prompt's log-probabilities too: the engine computes them, as it computes the answer's
+            params.prompt_logprobs = params.logprobs
         return await respond(request, body, ids, params, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
@@ -544,27 +520,28 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
         as_id = body.get("return_tokens_as_token_ids") is True  # vLLM's: tokens spelled "token_id:N"
         with_ids = body.get("return_token_ids") is True         # vLLM's: prompt_token_ids and token_ids
-        pending = Pending(ids, params, asyncio.get_running_loop(),
-                          prompt_logprobs=params.logprobs if echo and params.logprobs is not None else None)
+        pending = Pending(ids, params, asyncio.get_running_loop())
         worker.submit(pending)  # 503 once the server is shutting down
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         prompt_text = engine.tokenizer.decode(ids) if echo else ""
-        sent = [0]  # output tokens whose logprobs and ids went out already (a stream sends them as they come)
         first = [True]  # a stream sends the prompt's ids in its first chunk only
+        n_tokens = [0]  # answer tokens so far: the usage
 
-        def choice(text: str, finish: str | None, delta: bool, seq: Sequence | None = None) -> dict:
-            logprobs, new = None, []
-            if seq is not None:
-                n = len(seq.output_ids)  # an EOS that ended the sequence is not part of the answer, nor here
-                new, entries, sent[0] = seq.output_ids[sent[0]:n], seq.logprobs[sent[0]:n], n
-                if params.logprobs is not None:
-                    if chat:
-                        logprobs = chat_logprobs(entries, as_id)
-                    else:
-                        pairs = list(zip(ids, pending.prompt_entries)) if echo else []
-                        logprobs = completion_logprobs(pairs + [(e.token, e) for e in entries], as_id)
+        def choice(text: str, finish: str | None, delta: bool, outs: list[RequestOutput] = ()) -> dict:
+            """One choice from the engine's RequestOutputs `outs` (a stream's one, or all of a whole answer): their
+            text is `text`, and their tokens and log-probabilities are the ones that spell it."""
+            new = [t for out in outs for t in out.token_ids]
+            logprobs = None
+            if params.logprobs is not None and outs:
+                entries = [e for out in outs for e in out.logprobs]
+                if chat:
+                    logprobs = chat_logprobs(entries, as_id)
+                else:
+                    prompt = next((out.prompt_logprobs for out in outs if out.prompt_logprobs is not None), ())
+                    pairs = list(zip(ids, prompt)) if echo else []
+                    logprobs = completion_logprobs(pairs + [(e.token, e) for e in entries], as_id)
             if not chat:
                 out = {"index": 0, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish}
                 if with_ids:
@@ -577,24 +554,24 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                 out["token_ids"] = new
             return out
 
-        def usage(seq: Sequence) -> dict:
-            n = len(seq.output_ids)
-            return {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+        def usage() -> dict:
+            return {"prompt_tokens": len(ids), "completion_tokens": n_tokens[0], "total_tokens": len(ids) + n_tokens[0]}
 
         if not stream:
-            text = []
+            outs = []
             while True:
-                event = await next_event(request, pending, worker)
-                if event is DISCONNECTED:
+                out = await next_event(request, pending, worker)
+                if out is DISCONNECTED:
                     worker.cancel(pending)
                     return error_response(499, "the client closed the request")
-                if isinstance(event, Ended):
-                    return error_response(event.status, event.message)
-                text.append(event.text)
-                if event.finished:
+                if isinstance(out, Ended):
+                    return error_response(out.status, out.message)
+                outs.append(out)
+                n_tokens[0] += len(out.token_ids)
+                if out.finished:
+                    text = "".join(o.text for o in outs)
                     answer = {"id": rid, "object": kind, "created": created, "model": model_name,
-                              "choices": [choice("".join(text), event.seq.finish_reason, False, event.seq)],
-                              "usage": usage(event.seq)}
+                              "choices": [choice(text, out.finish_reason, False, outs)], "usage": usage()}
                     if chat and with_ids:
                         answer["prompt_token_ids"] = ids  # vLLM puts the chat prompt's ids beside the choices
                     return answer
@@ -613,21 +590,21 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                     first["delta"]["role"] = "assistant"
                     yield sse({**head, "choices": [first]})
                 while True:
-                    event = await next_event(request, pending, worker)
-                    if event is DISCONNECTED:
+                    out = await next_event(request, pending, worker)
+                    if out is DISCONNECTED:
                         return  # `finally` cancels the request
-                    if isinstance(event, Ended):  # the status line went out long ago: the error is an event
+                    if isinstance(out, Ended):  # the status line went out long ago: the error is an event
                         done = True
-                        yield sse(error_body(event.status, event.message))
+                        yield sse(error_body(out.status, out.message))
                         yield "data: [DONE]\n\n"
                         return
-                    if event.text or event.finished:
-                        finish = event.seq.finish_reason if event.finished else None
-                        yield sse({**head, "choices": [choice(event.text, finish, True, event.seq)]})
-                    if event.finished:
+                    n_tokens[0] += len(out.token_ids)
+                    if out.text or out.token_ids or out.finished:  # one chunk per output: its text, its tokens
+                        yield sse({**head, "choices": [choice(out.text, out.finish_reason, True, [out])]})
+                    if out.finished:
                         done = True
                         if include_usage:
-                            yield sse({**head, "choices": [], "usage": usage(event.seq)})
+                            yield sse({**head, "choices": [], "usage": usage()})
                         yield "data: [DONE]\n\n"
                         return
             finally:

@@ -13,7 +13,7 @@
     engine = Engine(model, tokenizer, n_blocks=256, block_size=16, max_batch=16)
     engine.add(prompt_ids, SamplingParams(max_tokens=32))
     while engine.has_work():
-        for event in engine.step(): ...   # each sequence's new text, and which ones finished
+        for out in engine.step(): ...   # RequestOutputs: each request's new tokens and text, and how it ended
 
 The models need no paged-attention code of their own: `PagedKVCache.update` has the KVCache interface (lesson 08),
 and returns the batch's keys and values gathered from the blocks as a left-padded batch (lesson 13), whose
@@ -21,6 +21,7 @@ attention mask the runner passes to the model.
 """
 from __future__ import annotations
 
+import bisect
 import copy
 import itertools
 import math
@@ -172,6 +173,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first one
     stop_token_ids: list[int] | None = None        # None = the model's EOS ids
     logprobs: int | None = None    # None: no log-probabilities; k: each new token's, and the k most likely beside it
+    prompt_logprobs: int | None = None  # None, or k: each prompt token's too (`echo`), and the k most likely there
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -184,7 +186,9 @@ _seq_ids = itertools.count()  # in order of arrival: a smaller id arrived earlie
 
 @dataclass(eq=False)  # a sequence is itself, not equal to another with the same fields
 class Sequence:
-    """One request inside the engine: its tokens, its blocks, and how far it got."""
+    """One request inside the engine: its tokens, its blocks, and how far it got. Only the engine's thread reads or
+    writes it: the scheduler its blocks, the runner its slots, and `Engine.postprocess` (with the output processor)
+    everything a step computed. Whoever else wants to know how a request is doing reads its RequestOutputs."""
     prompt_ids: list[int]
     params: SamplingParams
     id: int = field(default_factory=lambda: next(_seq_ids))
@@ -195,6 +199,9 @@ class Sequence:
     n_cached: int = 0                 # positions whose keys/values are in the pool
     text: str = ""                    # the output text so far, up to any stop string
     n_sent: int = 0                   # characters of `text` already handed out (streaming)
+    n_tokens_sent: int = 0            # tokens of `output_ids` already handed out, with the text they spell
+    whole: list[tuple[int, int]] = field(default_factory=list)  # (tokens, characters of text) where no character
+                                      # is cut in half: the points at which tokens and their text can be handed out
     finish_reason: str | None = None  # "stop", "length", "abort" or "error" once finished
     error: str | None = None          # with "error": what went wrong while computing this sequence
     n_preemptions: int = 0
@@ -213,15 +220,28 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids) - self.n_cached
 
 
-@dataclass
-class Event:
-    """What one engine step produced for one sequence: new text, and whether it finished."""
-    seq: Sequence
-    text: str
-    finished: bool
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one engine step produced for one request, as plain values, made in the engine's thread and never changed
+    afterwards: another thread may read them while the engine goes on (it must never read a Sequence, which the next
+    step changes under it). `token_ids` are the new tokens, `text` exactly their text: decoded, they spell it. The
+    one exception is the last output of a request that a stop string ended: its text stops before the stop string,
+    its tokens include those that spelled it, as vLLM's do."""
+    request_id: int                     # the Sequence's id: what Engine.add returned, and what Engine.abort takes
+    token_ids: tuple[int, ...] = ()     # the new tokens (an end-of-sequence token that ended it is not one)
+    text: str = ""                      # their text
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # if asked (params.logprobs): one per token of token_ids
+    finish_reason: str | None = None    # in the request's last output: "stop", "length" or "error"
+    error: str | None = None            # with "error": what went wrong while computing this request
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # if asked, in its first output: one per prompt
+                                        # token (None for the first, which nothing predicts)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TokenLogprobs:
     """A picked token's log-probability under the model (before temperature or top-p), and the k most likely."""
     token: int
@@ -239,15 +259,34 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[Toke
             zip(tokens, chosen, top_ids.tolist(), top_lp.tolist())]
 
 
-def record_logprobs(seqs: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> None:
-    """Append to each sequence that asked for them (params.logprobs) its picked token's TokenLogprobs. The engine
-    calls this once per step with the batch's logits (B, V), right after it picks the tokens."""
+def picked_logprobs(seqs: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprobs | None]:
+    """Each sequence's picked token's TokenLogprobs, or None for a sequence that did not ask (params.logprobs). The
+    engine calls this once per step with the batch's logits (B, V), right after it picks the tokens."""
+    out: list[TokenLogprobs | None] = [None] * len(seqs)
     asked = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
     if asked:
         k = max(seqs[i].params.logprobs for i in asked)
         for i, entry in zip(asked, token_logprobs(logits[asked], [tokens[i] for i in asked], k)):
-            entry.top = entry.top[:seqs[i].params.logprobs]
-            seqs[i].logprobs.append(entry)
+            out[i] = TokenLogprobs(entry.token, entry.logprob, entry.top[:seqs[i].params.logprobs])
+    return out
+
+
+PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the logits held at once are (256, V)
+
+
+@torch.inference_mode()
+def prompt_logprobs(model: CausalLM, ids: list[int], k: int) -> list[TokenLogprobs | None]:
+    """Each prompt token's log-probability given the tokens before it, with the k most likely there: what `echo`
+    with `logprobs` returns (None for the first token, which nothing predicts). One teacher-forced pass over the
+    prompt through lesson 08's KV cache, PROMPT_CHUNK positions at a time. The engine runs it for a request that
+    asks (params.prompt_logprobs), in its own thread, in the step that picks the request's first token."""
+    device = next(model.parameters()).device
+    cache, out = model.new_kv_cache(1, len(ids)), [None]
+    for lo in range(0, len(ids) - 1, PROMPT_CHUNK):  # the last prompt position predicts the first new token
+        chunk = ids[lo:min(lo + PROMPT_CHUNK, len(ids) - 1)]
+        logits = model(torch.tensor([chunk], device=device), kv_cache=cache, start_pos=lo)[0]  # (T, V)
+        out += token_logprobs(logits, ids[lo + 1:lo + 1 + len(chunk)], k)  # position i predicts token i + 1
+    return out
 
 
 class Scheduler:
@@ -657,21 +696,30 @@ def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:
 
 
 class OutputProcessor:
-    """A sequence's new token -> whether it is done, its text so far, and the part of it that may be sent now."""
+    """A sequence's new token -> whether it is done, its text so far, and the tokens and text that may be handed
+    out now, as a RequestOutput."""
 
     def __init__(self, tokenizer, eos_token_ids: list[int]):
         self.token_bytes, self.eos_token_ids = tokenizer.decoder, eos_token_ids
 
-    def accept(self, seq: Sequence, token: int) -> Event:
+    def accept(self, seq: Sequence, token: int, entry: TokenLogprobs | None = None,
+               prompt: list[TokenLogprobs | None] | None = None) -> RequestOutput | None:
+        """Take seq's new token (and its TokenLogprobs, if asked; the prompt's, in the step of its first token) ->
+        what may be handed out now, or None when there is nothing yet (half a character, or text that may still
+        turn out to be the start of a stop string)."""
         p = seq.params
         if seq.detokenizer is None:
             seq.detokenizer = Detokenizer(self.token_bytes)
+        if entry is not None:
+            seq.logprobs.append(entry)
         stopped_by_text = False
         if token in (self.eos_token_ids if p.stop_token_ids is None else p.stop_token_ids):
             seq.finish_reason = "stop"  # the end-of-sequence token itself is not part of the text
         else:
             seq.output_ids.append(token)
             stopped_by_text = self._extend(seq, seq.detokenizer.push(token))
+            if not seq.detokenizer.utf8.getstate()[0]:  # no byte waits: every token so far is whole text
+                seq.whole.append((len(seq.output_ids), len(seq.text)))
             if stopped_by_text:
                 seq.finish_reason = "stop"
             elif len(seq.output_ids) >= p.max_tokens:
@@ -679,7 +727,14 @@ class OutputProcessor:
         finished = seq.finish_reason is not None
         if finished and not stopped_by_text:
             self._extend(seq, seq.detokenizer.flush())
-        return Event(seq, self.new_text(seq, finished), finished)
+        n_tokens, end = self.ready(seq, finished)
+        new_ids, new_text = seq.output_ids[seq.n_tokens_sent:n_tokens], seq.text[seq.n_sent:end]
+        logprobs = None if p.logprobs is None else tuple(seq.logprobs[seq.n_tokens_sent:n_tokens])
+        seq.n_tokens_sent, seq.n_sent = n_tokens, end
+        if not (new_ids or new_text or finished or prompt is not None):
+            return None
+        return RequestOutput(seq.id, tuple(new_ids), new_text, logprobs, seq.finish_reason,
+                             prompt_logprobs=None if prompt is None else tuple(prompt))
 
     @staticmethod
     def _extend(seq: Sequence, piece: str) -> bool:
@@ -695,22 +750,25 @@ class OutputProcessor:
         return stopped
 
     @staticmethod
-    def new_text(seq: Sequence, finished: bool) -> str:
-        """The text not handed out yet. Held back while it could still be the start of a stop string; everything
-        once the sequence finishes. (Half a character never gets this far: the Detokenizer keeps it.)"""
-        end = len(seq.text)
-        if not finished:
-            hold = max((len(s) - 1 for s in seq.params.stop), default=0)
-            end = max(seq.n_sent, end - hold)
-        new, seq.n_sent = seq.text[seq.n_sent:end], max(seq.n_sent, end)
-        return new
+    def ready(seq: Sequence, finished: bool) -> tuple[int, int]:
+        """How many of seq's tokens, and characters of its text, may be handed out: all of them once it finishes.
+        Before, only up to the last point where no character is cut in half (the Detokenizer keeps half a
+        character's bytes), and short of the last few characters that could still be the start of a stop string:
+        so the tokens handed out always spell exactly the text handed out with them."""
+        if finished:
+            return len(seq.output_ids), len(seq.text)
+        hold = max((len(s) - 1 for s in seq.params.stop), default=0)
+        i = bisect.bisect_right(seq.whole, len(seq.text) - hold, key=lambda point: point[1])
+        n_tokens, end = seq.whole[i - 1] if i else (0, 0)
+        return max(n_tokens, seq.n_tokens_sent), max(end, seq.n_sent)
 
 
 class Engine:
     """The scheduler, the model runner and the output processor behind one small interface: `add` a request,
-    `step` (one forward pass for everything scheduled), `abort`. A sequence whose computation raises fails alone.
-    `compile_sizes`: the batch sizes whose decode steps run compiled (CompiledDecode), compiled here, before any
-    request: (1,) makes one request alone as fast as lesson 12's compiled step; () compiles nothing."""
+    `step` (one forward pass for everything scheduled, and a RequestOutput for each request with something new),
+    `abort`. A sequence whose computation raises fails alone. `compile_sizes`: the batch sizes whose decode steps
+    run compiled (CompiledDecode), compiled here, before any request: (1,) makes one request alone as fast as
+    lesson 12's compiled step; () compiles nothing."""
 
     def __init__(self, model: CausalLM, tokenizer, n_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
                  max_step_tokens: int = 512, compile_sizes=(), backend=None):
@@ -726,6 +784,7 @@ class Engine:
         if self.runner.decode is not None:
             self.runner.decode.compile_now()
         self.output = OutputProcessor(tokenizer, model.eos_token_ids)
+        self.seqs: dict[int, Sequence] = {}  # every request not finished yet, by id
         self.n_aborted = 0  # sequences dropped before they finished: a client gone, a failure, a shutdown
         self.device = self.runner.device
 
@@ -749,81 +808,105 @@ class Engine:
         """The most positions one sequence can ever hold here: the model's context, or the whole pool if smaller."""
         return min(self.model.max_seq_len, self.blocks.n_blocks * self.blocks.block_size)
 
-    def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        """Queue a request. Refused at once (PoolTooSmallError) if prompt + max_tokens could never fit, and
-        (ValueError) if a token id is outside the vocabulary: checked here, a bad id fails its own request, not
-        a forward pass that other sequences share."""
-        need = len(prompt_ids) + params.max_tokens
-        if not prompt_ids:
-            raise ValueError("the prompt has no tokens")
-        bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int)
-                    or not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad!r} is not in this model's vocabulary: ids run from 0 to "
-                             f"{self.vocab_size - 1}")
-        if need > self.capacity():
-            raise PoolTooSmallError(f"the prompt's {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = {need} "
-                                    f"positions, more than this engine can hold for one sequence ({self.capacity()})")
+    def add(self, prompt_ids: list[int], params: SamplingParams, checked: bool = False) -> Sequence:
+        """Queue a request -> its Sequence, whose id is the request_id of its RequestOutputs. A server checks each
+        request where it reads it, and says so (checked=True): nothing is checked twice. Called directly, the
+        engine refuses here what it could never compute: an empty prompt or a token id outside the vocabulary
+        (ValueError: a bad id would otherwise fail a forward pass other sequences share), and a prompt +
+        max_tokens longer than one sequence can hold (PoolTooSmallError)."""
+        if not checked:
+            if not prompt_ids:
+                raise ValueError("the prompt has no tokens")
+            bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int)
+                        or not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"token id {bad!r} is not in this model's vocabulary: ids run from 0 to "
+                                 f"{self.vocab_size - 1}")
+            need = len(prompt_ids) + params.max_tokens
+            if need > self.capacity():
+                raise PoolTooSmallError(f"the prompt's {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = "
+                                        f"{need} positions, more than this engine can hold for one sequence "
+                                        f"({self.capacity()})")
         seq = Sequence(list(prompt_ids), params)
         if params.temperature > 0 and params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.seqs[seq.id] = seq
         self.scheduler.add(seq)
         return seq
 
-    def abort(self, seq: Sequence) -> None:
-        """Drop a sequence wherever it is (a client went away): its blocks go back to the pool at once."""
+    def abort(self, request: Sequence | int) -> None:
+        """Drop a request wherever it is (its client went away): its blocks go back to the pool at once. `request`:
+        its Sequence, or its id (a RequestOutput's request_id). A request that has finished is left as it is."""
+        seq = self.seqs.pop(request if isinstance(request, int) else request.id, None)
+        if seq is None:
+            return
         if self.scheduler.abort(seq):
             self.n_aborted += 1
-        seq.finish_reason = seq.finish_reason or "abort"
+        seq.finish_reason = "abort"
+
+    def abort_all(self) -> None:
+        """Drop every request not finished yet: every block back to the pool."""
+        for request_id in list(self.seqs):
+            self.abort(request_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self) -> list[Event]:
+    def step(self) -> list[RequestOutput]:
         """One iteration: the scheduler picks the work, the runner computes it in one forward pass and picks every
-        finished prefill's or decode's next token, the output processor turns them into text. If the pass raises,
-        each sequence is computed alone, and only those that still fail finish with finish_reason "error" (their
-        blocks freed); the others carry on as if they had never been there."""
+        finished prefill's or decode's next token, `postprocess` applies each result to its sequence. -> a
+        RequestOutput for each request with something new: plain values, for any thread to read. If the pass
+        raises, each sequence is computed alone, and only those that still fail finish with finish_reason "error"
+        (their blocks freed); the others carry on as if they had never been there."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
         try:
-            tokens = self._compute(batch.seqs, batch.n_new)
-            results = [lambda t=t: t for t in tokens]
+            picked = self._compute(batch.seqs, batch.n_new)
+            results = [lambda r=r: r for r in picked]
         except Exception:  # noqa: BLE001 - whose fault? Compute each sequence alone, and fail only those that fail
             results = [lambda s=s, n=n: self._compute([s], [n])[0] for s, n in zip(batch.seqs, batch.n_new)]
-        events = []
-        for seq, result in zip(batch.seqs, results):
-            event = self._guarded(seq, lambda: self._accept(seq, result()))
-            if event is not None:
-                events.append(event)
-            if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
-        return events
+        outputs = []
+        for seq, n, result in zip(batch.seqs, batch.n_new, results):
+            out = self.postprocess(seq, n, result)
+            if out is not None:
+                outputs.append(out)
+        return outputs
 
-    def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[int | None]:
-        """One forward pass -> each sequence's next token, or None for a prompt chunk that is not its last."""
+    def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[tuple[int, TokenLogprobs | None] | None]:
+        """One forward pass -> each sequence's next token and its TokenLogprobs (None if not asked), or None for a
+        prompt chunk that is not its last. Changes no sequence: `postprocess` does."""
         logits = self.runner.forward(seqs, n_new)  # (B, V)
         done = [i for i, (s, n) in enumerate(zip(seqs, n_new)) if n == s.n_uncomputed]  # every token computed
         tokens = self.runner.sample([seqs[i] for i in done], logits[done])
-        record_logprobs([seqs[i] for i in done], logits[done], tokens)  # only those that asked (lesson 18)
-        for s, n in zip(seqs, n_new):
-            s.n_cached += n
-        out: list[int | None] = [None] * len(seqs)
-        for i, token in zip(done, tokens):
-            out[i] = token
+        entries = picked_logprobs([seqs[i] for i in done], logits[done], tokens)  # only those that asked (lesson 18)
+        out: list[tuple[int, TokenLogprobs | None] | None] = [None] * len(seqs)
+        for i, token, entry in zip(done, tokens, entries):
+            out[i] = (token, entry)
         return out
 
-    def _accept(self, seq: Sequence, token: int | None) -> Event | None:
-        return None if token is None else self.output.accept(seq, token)
-
-    def _guarded(self, seq: Sequence, compute) -> Event | None:
-        """compute() -> the sequence's Event (or None); if it raises, the sequence alone fails: an "error" Event."""
+    def postprocess(self, seq: Sequence, n_new: int, result) -> RequestOutput | None:
+        """The one place where a step's results change a sequence, as nano-vllm's Scheduler.postprocess: result()
+        is its (token, TokenLogprobs) or None; its n_new positions are now in the pool, and the output processor
+        takes the token. A request that asked for its prompt's log-probabilities gets them computed here, in the
+        step that picks its first token. If anything raises, this sequence alone fails. -> its RequestOutput, or
+        None when it has nothing new; a finished sequence leaves the scheduler (its blocks freed)."""
         try:
-            return compute()
+            picked = result()
+            seq.n_cached += n_new
+            if picked is None:  # a chunk of the prompt, not its last: nothing picked yet
+                return None
+            token, entry = picked
+            k = seq.params.prompt_logprobs
+            prompt = prompt_logprobs(self.model, seq.prompt_ids, k) if k is not None and not seq.output_ids else None
+            out = self.output.accept(seq, token, entry, prompt)
         except Exception as e:  # noqa: BLE001 - any failure of one request's computation is that request's
             seq.finish_reason, seq.error = "error", f"{type(e).__name__}: {e}"
-            return Event(seq, "", True)
+            out = RequestOutput(seq.id, finish_reason="error", error=seq.error)
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+            self.seqs.pop(seq.id, None)
+        return out
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:
         """Run prompts to completion together (no server): the sequences, finished, in the order given."""

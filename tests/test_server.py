@@ -396,3 +396,53 @@ def test_serve_computes_nothing_in_the_main_thread(monkeypatch):
         server.serve(GPT2, port=free_port(), engine_class=RecordingEngine)
     assert set(built_in) == {"load", "engine"}
     assert threading.main_thread() not in built_in.values()
+
+
+def test_each_streamed_chunk_carries_the_tokens_and_logprobs_of_its_own_text():
+    """Eight sampled streams at once, with logprobs and token ids, so the engine's steps interleave with the
+    handlers: every chunk's token ids, pushed through one Detokenizer per stream (flushed at the end), spell exactly
+    that chunk's text, and its logprobs are those tokens'. A handler that read the engine's live sequence would send,
+    now and then, tokens of a later step than its text."""
+    import uvicorn
+
+    from hardway.server import create_app
+    from hardway.serving import Engine
+    from hardway.streaming import Detokenizer
+
+    folder = checkpoint(SMOLLM2)
+    model, tok = load(folder), load_tokenizer(folder)
+    engine = Engine(model, tok, n_blocks=128, block_size=16, max_batch=8)
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, SMOLLM2), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{server.config.port}/v1/completions"
+
+    def stream(i):
+        body = {"model": SMOLLM2, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 48, "temperature": 1.0,
+                "seed": i, "logprobs": 2, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=120) as r:
+            return [json.loads(line[6:]) for line in r.iter_lines()
+                    if line.startswith("data: ") and line != "data: [DONE]"]
+
+    try:
+        streams = in_threads(stream, [(i,) for i in range(8)])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    n_chunks = 0
+    for chunks in streams:
+        detok = Detokenizer(tok.decoder)
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length"), chunks[-1]
+        for chunk in chunks:
+            choice = chunk["choices"][0]
+            ids = choice["token_ids"]
+            spelled = "".join(detok.push(t) for t in ids) + (detok.flush() if choice["finish_reason"] else "")
+            assert spelled == choice["text"], (ids, choice)
+            assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids], choice
+            assert len(choice["logprobs"]["token_logprobs"]) == len(ids)
+            n_chunks += 1
+    assert n_chunks > 8 * 10  # many chunks: the steps did interleave

@@ -124,13 +124,23 @@ def test_engine_refuses_what_the_pool_cannot_hold_and_abort_frees(gpt2):
 def test_stop_strings_cut_the_text_and_streaming_holds_back_a_possible_stop():
     assert apply_stop("Hello world. Bye", [".", "Bye"]) == ("Hello world", True)
     assert apply_stop("Hello", ["xyz"]) == ("Hello", False)
-    new_text = OutputProcessor.new_text  # needs no model
-    seq = Sequence([1], SamplingParams(stop=["END"]))
-    seq.text = "abcEN"
-    assert new_text(seq, finished=False) == "abc"  # "EN" may become "END": held back
-    seq.text = "abcENxy"
-    assert new_text(seq, finished=False) == "EN"  # only the last len("END") - 1 characters wait
-    assert new_text(seq, finished=True) == "xy"  # finished: everything
+    words = {0: b"ab", 1: b"c", 2: b"E", 3: b"N", 4: b"xy", 5: b"\xc3", 6: b"\xa9", 7: b"D"}  # 5 then 6: "é"
+    output = OutputProcessor(SimpleNamespace(decoder=words), eos_token_ids=[99])  # needs no model
+
+    def outputs(params, tokens):
+        seq = Sequence([1], params)
+        outs = [output.accept(seq, t) for t in tokens]
+        return [None if o is None else (o.token_ids, o.text, o.finish_reason) for o in outs]
+
+    # "EN" may become "END": held back, from the start of the token it begins in, with its tokens
+    assert outputs(SamplingParams(max_tokens=6, stop=["END"]), [0, 1, 2, 3, 4]) == [
+        None, None, ((0,), "ab", None), ((1,), "c", None), ((2, 3), "EN", None)]
+    assert outputs(SamplingParams(max_tokens=5, stop=["END"]), [0, 1, 2, 3, 4])[-1] == ((2, 3, 4), "ENxy", "length")
+    assert outputs(SamplingParams(max_tokens=5, stop=["END"]), [0, 2, 3, 7]) == [
+        None, None, ((0,), "ab", None), ((2, 3, 7), "", "stop")]  # the last: its text stops before "END"
+    # half a character waits, with its token, for the rest of its bytes
+    assert outputs(SamplingParams(max_tokens=5), [0, 5, 6, 99]) == [
+        ((0,), "ab", None), None, ((5, 6), "é", None), ((), "", "stop")]
 
 
 def test_engine_stops_at_a_stop_string(gpt2):
@@ -174,7 +184,8 @@ def test_a_sequence_whose_forward_raises_fails_alone(gpt2, monkeypatch, phase):
     while engine.has_work():
         events += engine.step()
     assert bad.finish_reason == "error" and "RuntimeError: injected failure" in bad.error
-    assert [e.finished for e in events if e.seq is bad][-1] and sum(e.seq is bad for e in events) <= 2
+    assert [e.finished for e in events if e.request_id == bad.id][-1]
+    assert sum(e.request_id == bad.id for e in events) <= 2
     assert [s.output_ids for s in good] == expected and all(s.finish_reason == "length" for s in good)
     assert engine.blocks.n_free == 64 and not engine.running
 
@@ -352,7 +363,7 @@ def test_streamed_text_equals_the_finished_text_with_a_multibyte_stop(gpt2):
     seq = engine.add(ids, SamplingParams(max_tokens=10, temperature=0, stop=[stop]))
     pieces = []
     while engine.has_work():
-        pieces += [e.text for e in engine.step() if e.seq is seq]
+        pieces += [e.text for e in engine.step() if e.request_id == seq.id]
     assert "".join(pieces) == seq.text == tok.decode(out)[:tok.decode(out).index(stop)]
 
 

@@ -28,7 +28,6 @@ from fastapi import FastAPI
 from test_server import GPT2, SMOLLM2, free_port
 
 from hardway import cli
-from hardway import server as server_module
 from hardway import serving
 from hardway.chat import ChatTemplate
 from hardway.hub import checkpoint
@@ -144,8 +143,7 @@ def test_logprobs_from_bf16_fail_the_logprobs_check(smollm, monkeypatch):
     def from_bf16(logits, tokens, k):  # a server that takes the log-softmax of bf16 logits
         return exact(logits.to(torch.bfloat16), tokens, k)
 
-    monkeypatch.setattr(serving, "token_logprobs", from_bf16)       # new tokens (Engine's hook)
-    monkeypatch.setattr(server_module, "token_logprobs", from_bf16)  # prompt tokens (echo)
+    monkeypatch.setattr(serving, "token_logprobs", from_bf16)  # every token's, the prompt's (echo) too: the engine's
     checks = ritual(create_app(engine(smollm), SMOLLM2, smollm["chat"]), smollm["reference"])
     logprobs = checks["token logprobs"]
     assert not logprobs.passed and "≤ 0.0001 (float32)" in logprobs.target, logprobs
