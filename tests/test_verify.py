@@ -34,9 +34,10 @@ def pair():
 
 
 def test_the_command_passes_all_three_checks_on_the_standin(tmp_path):
-    # `uv run hardway verify --model <the SmolLM2-135M stand-in>` passes on CPU, diagnostics included.
+    # `uv run hardway verify --model <the SmolLM2-135M stand-in>` passes on CPU, diagnostics included: the installed
+    # command, in a process of its own. 768 tokens of text: two overlapping perplexity windows of 512.
     result = subprocess.run([str(HARDWAY_EXE), "verify", "--model", str(checkpoint(SMOLLM2)), "--device", "cpu",
-                             "--max-eval-tokens", "1024", "--out", str(tmp_path)], capture_output=True, text=True,
+                             "--max-eval-tokens", "768", "--out", str(tmp_path)], capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("greedy tokens       PASS    50 of 50 tokens identical", "last-token logits   PASS", "perplexity          PASS",
@@ -45,17 +46,18 @@ def test_the_command_passes_all_three_checks_on_the_standin(tmp_path):
     assert (tmp_path / "perplexity.png").stat().st_size > 0 and (tmp_path / "hidden_states.png").stat().st_size > 0
 
 
-def test_gpt2_standin_passes_the_command_with_a_local_text_file(tmp_path):
-    # GPT-2, the course's first model, end to end through the real command; perplexity on a user's own UTF-8 file.
+def test_gpt2_standin_passes_the_command_with_a_local_text_file(tmp_path, capsys):
+    # GPT-2, the course's first model, end to end through the command's main (the installed command itself is run
+    # above); perplexity on a user's own UTF-8 file.
     corpus = tmp_path / "my corpus.txt"
     corpus.write_text("Ceci n'est pas une pipe. « Guillemets », naïve café, 東京. " * 40, encoding="utf-8")
-    result = subprocess.run([str(HARDWAY_EXE), "verify", "--model", str(checkpoint(GPT2)), "--device", "cpu",
-                             "--new-tokens", "20", "--text", str(corpus), "--out", str(tmp_path / "plots")],
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
+    code = cli.main(["verify", "--model", str(checkpoint(GPT2)), "--device", "cpu", "--new-tokens", "20", "--text",
+                     str(corpus), "--out", str(tmp_path / "plots")])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
     for line in ("greedy tokens       PASS    20 of 20 tokens identical", "last-token logits   PASS",
                  "perplexity          PASS", "of my corpus.txt", "diagnostics (info)  PASS    no layer diverges"):
-        assert line in result.stdout, result.stdout
+        assert line in out, out
     assert (tmp_path / "plots" / "hidden_states.png").stat().st_size > 0
 
 

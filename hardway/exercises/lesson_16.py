@@ -2,6 +2,7 @@
 
 """Lesson 16's exercise checks: a Q4_1 block, a tensor's size, the start of the data (against the gguf package), an
 int4 layer's bytes and an int8 row (against hardway.quantize)."""
+import functools
 import tempfile
 from pathlib import Path
 
@@ -15,10 +16,22 @@ from hardway.gguf import dequantize, read_gguf
 from hardway.quantize import QuantizedLinear, quantize_int8
 
 
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, size: int, mtime_ns: int) -> gguf.GGUFReader:
+    return gguf.GGUFReader(path)
+
+
+def _reader(path) -> gguf.GGUFReader:
+    """gguf.GGUFReader of `path`, parsed once while the file keeps its size and modification time: parsing the real
+    file takes seconds, and every try of an exercise reads it again."""
+    stat = Path(path).stat()
+    return _cached_reader(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
 def _q4_1_blocks(path) -> list[bytes]:
     """A few Q4_1 blocks of the real file, and made ones: a block of zeros, one with a negative scale's worth of
     range, one whose 16 levels all differ."""
-    reader = gguf.GGUFReader(path)
+    reader = _reader(path)
     tensor = next(t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_1)
     raw = tensor.data.reshape(-1)[: 20 * 3].tobytes()
     blocks = [raw[i:i + 20] for i in range(0, len(raw), 20)]
@@ -48,7 +61,7 @@ def _expected_bytes(type_name: str, dims) -> int:
 
 @exercise_check
 def check_tensor_bytes(my_tensor_bytes, path) -> str:
-    reader = gguf.GGUFReader(path)
+    reader = _reader(path)
     cases = [(t.tensor_type.name, [int(d) for d in t.shape]) for t in reader.tensors]
     cases += [("F16", [64, 3]), ("Q4_0", [576, 1536]), ("Q8_0", [32]), ("F32", [7, 2, 3])]
     for t in reader.tensors:  # the file itself says the same
@@ -83,7 +96,7 @@ def check_data_start(my_data_start, path) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         files = [Path(path), _small_gguf(Path(tmp) / "small.gguf"), _small_gguf(Path(tmp) / "aligned.gguf", 256)]
         for file in files:
-            expected = gguf.GGUFReader(file).data_offset
+            expected = (_reader(file) if file == Path(path) else gguf.GGUFReader(file)).data_offset
             got = attempt(my_data_start, file, when=file.name)
             if got != expected:
                 raise Wrong(f"{file.name}: {got!r}, expected {expected:,} (the data starts at the next multiple of "
