@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from forked import run_forked
+
 from hardway.errors import CheckpointError, ConfigError
 from hardway.generation import generate
 from hardway.sampling import SamplingConfig
@@ -29,6 +30,7 @@ from hardway.loading import load
 from hardway.tokenizer import load_tokenizer
 from hardway.verify import run_ritual
 
+ROOT = Path(__file__).resolve().parent.parent
 HARDWAY_EXE = Path(sys.executable).with_name("hardway")
 GPT2_STANDIN = "openai-community/gpt2"
 N_POSITIONS = 64  # the tiny GPT-2's context
@@ -346,11 +348,13 @@ def cli_cases(tiny) -> dict[str, tuple[list, str]]:
 
 
 @pytest.fixture(scope="module")
-def cli_results(tiny):
+def cli_results(tiny, tmp_path_factory):
+    """Each case's command, as the installed `hardway` runs it (its entry point, hardway.cli:main), in a child forked
+    from one process that imported torch and transformers once. The other tests here run the installed command."""
     cases = cli_cases(tiny)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = dict(zip(cases, pool.map(lambda args: hardway(*args), (a for a, _ in cases.values()))))
-    return cases, results
+    runs = run_forked([("hardway.cli:main", args) for args, _ in cases.values()], ["torch", "transformers"],
+                      tmp_path_factory.mktemp("cli"), ROOT, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    return cases, dict(zip(cases, runs))
 
 
 CLI_CASE_NAMES = ["--device banana", "--device mps", "--device cuda", "--device cuda:1", "--temperature -1",
