@@ -338,6 +338,17 @@ def compile_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hardway" / "inductor"
 
 
+def use_compile_cache() -> None:
+    """Point inductor's on-disk cache at compile_cache_dir(), unless the environment chose a folder of its own.
+    (Inductor writes its default folder, in the temporary directory, into TORCHINDUCTOR_CACHE_DIR the first time it
+    looks, e.g. when torch._dynamo is imported; that one is replaced.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small module: no inductor import
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+
+
 def compiled_step(fn, device, rows: int = 1, backend=None, cuda_graphs: bool = True, options: dict | None = None):
     """torch.compile(fn) for a step whose matrix products have `rows` rows on `device`: the one place where every
     compiled step of the course (this lesson's StaticDecodeStep, lesson 14's serving decode, lesson 17's verifier)
@@ -345,7 +356,7 @@ def compiled_step(fn, device, rows: int = 1, backend=None, cuda_graphs: bool = T
     `cuda_graphs` (gpt-fast's mode="reduce-overhead"); on CPU cpu_step_backend(rows). Any other backend is used as
     given (the tests count graphs with one). `options`: torch.compile's (e.g. a guard_filter_fn). Inductor keeps what
     it compiled in compile_cache_dir(), so a second start reuses it."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))  # read when inductor first compiles
+    use_compile_cache()  # read when inductor compiles
     device = torch.device(device)
     kwargs = {} if options is None else {"options": options}
     if backend is None:
