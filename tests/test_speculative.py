@@ -500,8 +500,8 @@ def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch,
         shutil.copy(standin / name, tmp_path / name)
     capsys.readouterr()  # the stand-in's banner, printed once per process by checkpoint()
     verify_graphs = CompileCounterWithBackend("eager")
-    monkeypatch.setattr(fast_decode, "cpu_decode_backend", "eager")
-    monkeypatch.setattr(speculative, "cpu_verify_backend", verify_graphs)
+    # lesson 12's compiled_step picks the CPU backend by the rows of a step: one row "eager", k + 1 rows counted
+    monkeypatch.setattr(fast_decode, "cpu_step_backend", lambda rows=1: "eager" if rows == 1 else verify_graphs)
     base = ["generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "12",
             "one two three one two three one two"]
     assert cli.main(base) == 0
