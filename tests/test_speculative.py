@@ -488,7 +488,7 @@ def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch,
     generation (the "eager" backend): what is checked is the wiring, not inductor's code."""
     import shutil
 
-    from hardway import cli, fast_decode, speculative
+    from hardway import cli, fast_decode
 
     standin = checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")
     torch.manual_seed(0)
