@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hardway.fast_decode import StaticDecodeStep
+from hardway.fast_decode import StaticDecodeStep, rows_times_matrix  # lesson 12 (lesson 17 verifies with the latter)
 from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.loading import load
@@ -22,7 +22,7 @@ from hardway.serving import OneDNNLinear
 from hardway.speculative import (CompiledVerifier, CostAwareGuesses, Draft, Drafter, HeuristicGuesses, ModelDrafter,
                                  PromptLookupDrafter, SpeculationStats, Verifier, accept_greedy, accept_sampled,
                                  chi_square_test, draw_two_tokens, int8_drafter, measure_verify_costs,
-                                 rows_times_matrix, speculative_generate, two_token_tables)
+                                 speculative_generate, two_token_tables)
 from hardway.tokenizer import load_tokenizer
 
 FALSE_ALARM = 1e-3  # a right rule fails a chi-square test at this threshold once in a thousand independent draws
