@@ -302,8 +302,25 @@ def cpu_decode_backend(graph_module, example_inputs, max_rows: int = 1, product=
             return bias + product(a, b)
         return NotImplemented  # inductor's own lowering
 
-    return compile_fx(graph_module, example_inputs,
-                      decompositions={**table, aten.mm.default: mm, aten.addmm.default: addmm})
+    # Our two entries go into inductor's own table (the one select_decomp_table returns, kept from call to call) for
+    # the time of this compilation, rather than a table of our own passed to compile_fx: a table passed in is part of
+    # the key of inductor's on-disk cache and cannot be hashed, so nothing would be cached. The cached code is keyed by
+    # the graph after the decompositions, which shows ours. (The cache of the graph before them, AOTAutograd's, would
+    # not tell the two apart: it stays off here.)
+    from torch._functorch import config as functorch_config
+
+    ours = {aten.mm.default: mm, aten.addmm.default: addmm}
+    saved = {op: table.get(op) for op in ours}
+    table.update(ours)
+    try:
+        with functorch_config.patch(enable_autograd_cache=False):
+            return compile_fx(graph_module, example_inputs)
+    finally:
+        for op, entry in saved.items():  # inductor's own table as it was
+            if entry is None:
+                table.pop(op, None)
+            else:
+                table[op] = entry
 
 
 def rows_times_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
