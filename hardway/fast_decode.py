@@ -207,6 +207,41 @@ class StaticKVCache(KVCache):
         return self.nbytes // self.max_len
 
 
+def compile_cache_dir() -> Path:
+    """Where compiled steps are kept between runs: $XDG_CACHE_HOME/hardway/inductor, else ~/.cache/hardway/inductor
+    (beside lesson 16's C loops); TORCHINDUCTOR_CACHE_DIR, when set, wins."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hardway" / "inductor"
+
+
+def use_compile_cache() -> None:
+    """Point inductor's on-disk cache at compile_cache_dir(), unless the environment chose a folder of its own.
+    (Inductor writes its default folder, in the temporary directory, into TORCHINDUCTOR_CACHE_DIR the first time it
+    looks, e.g. when torch._dynamo is imported; that one is replaced.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small module: no inductor import
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+
+
+def compiled_step(fn, device, rows: int = 1, backend=None, cuda_graphs: bool = True, options: dict | None = None):
+    """torch.compile(fn) for a step whose matrix products have `rows` rows on `device`: the one place where every
+    compiled step of the course (this lesson's StaticDecodeStep, lesson 14's serving decode, lesson 17's verifier)
+    gets its backend. Whole graph, static shapes. `backend` None: on CUDA inductor, replayed as CUDA graphs when
+    `cuda_graphs` (gpt-fast's mode="reduce-overhead"); on CPU cpu_step_backend(rows) (the CPU section of this
+    lesson). Any other backend is used as
+    given (the tests count graphs with one). `options`: torch.compile's (e.g. a guard_filter_fn). Inductor keeps what
+    it compiled in compile_cache_dir(), so a second start reuses it."""
+    use_compile_cache()  # read when inductor compiles
+    device = torch.device(device)
+    kwargs = {} if options is None else {"options": options}
+    if backend is None:
+        backend = "inductor" if device.type == "cuda" else cpu_step_backend(rows)
+    if backend == "inductor" and device.type == "cuda" and cuda_graphs:
+        kwargs = {"mode": "reduce-overhead"} if options is None else {"options": {**options, "triton.cudagraphs": True}}
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, **kwargs)
+
+
 class StaticDecodeStep(Decoder):
     """Lesson 08's `decode_one_token`, compiled once for every position: a Decoder whose StaticKVCache of `max_len`
     positions and token and position buffers live at fixed addresses, so one CUDA graph serves the whole generation.
@@ -230,7 +265,7 @@ class StaticDecodeStep(Decoder):
         for t in (*self.kv_cache.k, *self.kv_cache.v, self.token, self.input_pos):
             torch._dynamo.mark_static_address(t)  # the graph reads and writes these very addresses
         self.compiled = compiled_step(decode_one_token, device, batch_size, backend,
-                                      cuda_graphs=mode == "reduce-overhead")  # defined with the CPU section below
+                                      cuda_graphs=mode == "reduce-overhead")
 
     def __call__(self, token: torch.Tensor, input_pos: torch.Tensor, attention_mask=None) -> torch.Tensor:
         """token (B, 1) at position input_pos (0-dim) -> logits (B, 1, V), like decode_one_token on this cache."""
@@ -347,40 +382,6 @@ def cpu_step_backend(rows: int = 1):
 
     backend.__name__ = f"cpu_step_backend_{rows}_rows"
     return backend
-
-
-def compile_cache_dir() -> Path:
-    """Where compiled steps are kept between runs: $XDG_CACHE_HOME/hardway/inductor, else ~/.cache/hardway/inductor
-    (beside lesson 16's C loops); TORCHINDUCTOR_CACHE_DIR, when set, wins."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hardway" / "inductor"
-
-
-def use_compile_cache() -> None:
-    """Point inductor's on-disk cache at compile_cache_dir(), unless the environment chose a folder of its own.
-    (Inductor writes its default folder, in the temporary directory, into TORCHINDUCTOR_CACHE_DIR the first time it
-    looks, e.g. when torch._dynamo is imported; that one is replaced.)"""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small module: no inductor import
-
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
-
-
-def compiled_step(fn, device, rows: int = 1, backend=None, cuda_graphs: bool = True, options: dict | None = None):
-    """torch.compile(fn) for a step whose matrix products have `rows` rows on `device`: the one place where every
-    compiled step of the course (this lesson's StaticDecodeStep, lesson 14's serving decode, lesson 17's verifier)
-    gets its backend. Whole graph, static shapes. `backend` None: on CUDA inductor, replayed as CUDA graphs when
-    `cuda_graphs` (gpt-fast's mode="reduce-overhead"); on CPU cpu_step_backend(rows). Any other backend is used as
-    given (the tests count graphs with one). `options`: torch.compile's (e.g. a guard_filter_fn). Inductor keeps what
-    it compiled in compile_cache_dir(), so a second start reuses it."""
-    use_compile_cache()  # read when inductor compiles
-    device = torch.device(device)
-    kwargs = {} if options is None else {"options": options}
-    if backend is None:
-        backend = "inductor" if device.type == "cuda" else cpu_step_backend(rows)
-    if backend == "inductor" and device.type == "cuda" and cuda_graphs:
-        kwargs = {"mode": "reduce-overhead"} if options is None else {"options": {**options, "triton.cudagraphs": True}}
-    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, **kwargs)
 
 
 _SHARED_STEPS = weakref.WeakKeyDictionary()  # model -> its StaticDecodeStep for fast_generate (holding no model)
