@@ -30,6 +30,11 @@ def pytest_configure(config):
     workers = getattr(config.option, "numprocesses", None) or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Eager decoding by default (hardway.load's layout, hardway.generate, `hardway generate` and `hardway serve`): most
+    # tests and notebooks check tokens and shapes, and compiling would only slow them down. The tests of the compiled
+    # paths ask for them explicitly (a backend, eager=False, --compile, or monkeypatch.delenv("HARDWAY_EAGER")).
+    # Workers, notebook kernels and the CLI subprocesses the tests start inherit it.
+    os.environ.setdefault("HARDWAY_EAGER", "1")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.fast_decode import (StaticDecodeStep, cpu_decode_backend, matvec_as_sum, measure_bandwidth,  # noqa: E402
+from hardway.fast_decode import (StaticDecodeStep, cpu_decode_backend, lay_out_for_decode, matvec_as_sum, measure_bandwidth,  # noqa: E402
                                  roofline_tokens_per_s)
 from hardway.generation import decode_one_token, generate, prefill  # noqa: E402
 from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
@@ -138,7 +138,7 @@ def main(argv=None) -> float:
     folder = checkpoint(args.model)
     ids = prompt_ids(folder, args.prompt_tokens).to(args.device)
     theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval()
-    ours = load(folder, device=args.device, dtype=dtype)
+    ours = lay_out_for_decode(load(folder, device=args.device, dtype=dtype), compiled=False)  # eager: its layout
     n = args.new_tokens
 
     def run_theirs():

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.decode import llama_cpp_generate, prompt_ids  # noqa: E402
 from hardway.c_loops import c_loop_decode_backend, c_loops_available, c_loops_quantize_activations  # noqa: E402
-from hardway.fast_decode import StaticDecodeStep, lay_out_rows  # noqa: E402
+from hardway.fast_decode import StaticDecodeStep, lay_out_for_decode  # noqa: E402
 from hardway.generation import generate  # noqa: E402
 from hardway.gguf import smollm2_gguf  # noqa: E402
 from hardway.hub import checkpoint  # noqa: E402
@@ -161,7 +161,7 @@ def main(argv=None) -> dict:
 
     def compiled_run(m, backend=None):  # a model's own compiled step and static cache, as a run to time
         if backend is not None:
-            lay_out_rows(m)  # what StaticDecodeStep does on CPU with its own backend
+            lay_out_for_decode(m, compiled=True)  # the layout hardway.load chooses for the compiled step
         step = StaticDecodeStep(m, max_len=ids.shape[1] + n, backend=backend)
         return lambda: step.generate(ids, n, eos_token_id=None)
 

@@ -239,6 +239,8 @@ def main() -> None:
     p.add_argument("--max-step-tokens", type=int, default=512, help="hardway only: tokens per engine step")
     p.add_argument("--compile", metavar="SIZES", help="hardway only: `hardway serve --compile SIZES` (batch sizes "
                                                       "whose decode steps are compiled, e.g. 1)")
+    p.add_argument("--eager", action="store_true", help="hardway only: `hardway serve --eager` (nothing compiled; by "
+                                                         "default the decode step of one request alone is, on CPU fp32)")
     p.add_argument("--long-prompt", type=int, default=1500, help="tokens of the prompt in the long-prompt test")
     p.add_argument("--baseline", action="store_true",
                    help="also time hardway.generate alone (on the checkpoint --model names) in this process, once per "
@@ -263,9 +265,11 @@ def main() -> None:
                  "--no-prefix-cache"]  # lesson 14's engine
         if args.compile:
             flags += ["--compile", args.compile]
+        if args.eager:
+            flags += ["--eager"]
         proc = start_hardway(args.model, port, flags)
         label = args.label or (f"hardway (max_step_tokens {args.max_step_tokens}"
-                               f"{f', compile {args.compile}' if args.compile else ''})")
+                               f"{f', compile {args.compile}' if args.compile else ''}{', eager' if args.eager else ''})")
         try:
             results = measure([(f"http://127.0.0.1:{port}/v1", args.model, label), *peers], args, generate_alone)
         finally:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 
 import torch
 
 from hardway.chat_cli import chat_loop  # lesson 13
-from hardway.fast_decode import StaticDecodeStep  # lesson 12
-from hardway.generation import generate
+from hardway.fast_decode import StaticDecodeStep, compile_pays, fast_generate  # lesson 12
 from hardway.loading import DTYPE_NAMES, check_device, open_model
 from hardway.prefix_cache import PrefixCachingEngine  # lesson 15
 from hardway.sampling import SamplingConfig
@@ -94,7 +94,7 @@ def _speculation(args) -> int | None:
     k = 4 if args.k is None else args.k
     if not 1 <= k <= 64:
         raise ValueError(f"--k must be in 1..64 (guesses per verify step), got {k}")
-    most = MAX_VERIFY_ROWS - 1  # lesson 17's compiled verify step: k + 1 rows
+    most = MAX_VERIFY_ROWS - 1  # lesson 17's compiled verify step: k + 1 rows (by default eager steps beyond)
     if args.compile and k > most:
         raise ValueError(f"--k must be in 1..{most} with --compile (one compiled graph of k + 1 positions), got {k}")
     return k
@@ -133,15 +133,15 @@ def cmd_generate(args) -> int:
                 sys.stdout.write(text.push(token))
         sys.stdout.flush()
 
-    decoder = None  # lesson 08's eager steps; with --compile lesson 12's, compiled on the first step
-    if args.compile:
-        decoder = StaticDecodeStep(model, max_len=input_ids.shape[1] + args.max_new_tokens)  # lesson 12
+    # Lesson 12's compiled step where it pays (CPU, fp32) or when --compile asks for it; --eager: lesson 08's steps.
+    compiled = args.compile or (compile_pays(device, dtype) and (k is None or k < MAX_VERIFY_ROWS))
     try:
-        if k is None:
-            generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, decoder=decoder, **stop,
-                     **sampling)
+        if k is None:  # hardway.generate: the compiled step, compiled on the first step (cached on disk)
+            fast_generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, eager=not compiled,
+                          **stop, **sampling)
         else:  # lesson 17
             drafter = SPECULATE[args.speculate]
+            decoder = StaticDecodeStep(model, max_len=input_ids.shape[1] + args.max_new_tokens) if compiled else None
             verifier = None if decoder is None else CompiledVerifier(decoder, k)
             speculative_generate(model, input_ids, drafter(model) if args.speculate == "int8" else drafter(), k,
                                  max_new_tokens=args.max_new_tokens, on_token=stream, verifier=verifier, **stop,
@@ -184,7 +184,9 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if not 0 <= args.grace <= 3600:  # also refuses nan
         raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
-    compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else ()
+    # --compile SIZES: these batch sizes; by default the step of one request alone where compiling pays (CPU, fp32)
+    compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else \
+        ((1,) if compile_pays(device, dtype) else ())
     with contextlib.redirect_stdout(sys.stderr):
         source = open_model(args.model)  # lesson 06: a missing or unreadable model is one line, before the banner
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
@@ -233,8 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", parents=[common, sampling], help="stream a continuation of a prompt")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="send the prompt as a user message in the chat template")
-    g.add_argument("--compile", action="store_true", help="decode with lesson 12's compiled step: it compiles first "
-                                                          "(seconds to minutes), then each token is faster")
+    g.add_argument("--eager", action="store_true", help="decode with lesson 08's eager steps: a quick start, nothing "
+                   "compiled (by default lesson 12's compiled step on CPU in fp32: it compiles first, seconds to a "
+                   "minute, cached on disk for the next run, then each token is faster)")
+    g.add_argument("--compile", action="store_true", help="lesson 12's compiled step on any device and dtype (the "
+                   "default already on CPU in fp32)")
     g.add_argument("--speculate", default=None, metavar="{lookup,int8}",
                    help="lesson 17's speculative decoding, guesses by prompt lookup or by the model's int8 copy")
     g.add_argument("--k", type=int, default=None, help="with --speculate: guesses per verify step (default 4)")
@@ -256,15 +261,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "earlier prompts are shared (lesson 15)")
     s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
+    s.add_argument("--eager", action="store_true",
+                   help="compile nothing: a quick start (by default, on CPU in fp32, the decode step of one request "
+                        "alone is compiled before serving, as fast as lesson 12's compiled step)")
     s.add_argument("--compile", nargs="?", const="1", default=None, metavar="SIZES",
-                   help="compile the decode steps of these batch sizes (default 1: one request alone, as fast as "
-                        "lesson 12's compiled step) before serving: about a minute per size, and a copy of the "
-                        "weights of each; `benchmarks/serve.py --compile SIZES` measures which sizes pay on your CPU)")
+                   help="compile the decode steps of these batch sizes (1,8,16; alone: 1) before serving: about a "
+                        "minute per size the first time, cached on disk; `benchmarks/serve.py --compile SIZES` "
+                        "measures which sizes pay on your CPU")
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "eager", False):
+        if args.compile:
+            build_parser().error(f"{args.command}: --eager and --compile contradict each other: choose one")
+        os.environ["HARDWAY_EAGER"] = "1"  # read by hardway.load (the layout) and lesson 12's defaults: nothing compiles
     commands = {"verify": cmd_verify, "generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     try:
         return commands[args.command](args)

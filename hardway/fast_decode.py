@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import statistics
+import weakref
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from hardway.generation import Decoder, decode_one_token, generate, prefill  # lesson 08
+from hardway.generation import MODEL_EOS, Decoder, decode_one_token, generate, prefill  # lesson 08
 from hardway.kv_cache import KVCache  # lesson 08
 from hardway.sampling import SamplingConfig  # lesson 07
 from hardway.timing import time_interleaved  # lesson 10: CUDA events, a full-length warm-up, interleaving
@@ -81,22 +84,49 @@ def decode_layout(weight: torch.Tensor) -> torch.Tensor:
     return empty_on_huge_pages((out_features, in_features), weight.dtype).copy_(weight)  # strides (in, 1): row by row
 
 
+def row_layout(weight: torch.Tensor) -> torch.Tensor:
+    """The same (out, in) matrix, same values, copied to 2 MB pages and stored row by row: the layout the compiled
+    step's matrix-vector loops stream (the CPU section of this lesson)."""
+    return empty_on_huge_pages(tuple(weight.shape), weight.dtype).copy_(weight)
+
+
 def use_decode_layout(device, dtype) -> bool:
-    """Whether decode_layout pays: on CPU in fp32 (measured in this lesson)."""
+    """Whether a layout of our own pays: on CPU in fp32 (measured in this lesson)."""
     return torch.device(device).type == "cpu" and dtype == torch.float32
 
 
-def lay_out_for_decode(model: nn.Module) -> nn.Module:
-    """On CPU in fp32, every weight matrix of `model` re-stored with decode_layout, in place; elsewhere unchanged.
+def eager_requested() -> bool:
+    """Whether this process asked for eager decoding everywhere: HARDWAY_EAGER=1 in the environment (what
+    `--eager` on the command line sets; the test suite sets it too, where only the tokens matter)."""
+    return os.environ.get("HARDWAY_EAGER", "").strip() not in ("", "0")
+
+
+def compile_pays(device, dtype) -> bool:
+    """Whether decoding runs lesson 12's compiled step by default: on CPU in fp32 (measured in this lesson: about
+    twice eager's tokens/s), unless eager_requested(). Elsewhere the eager loop, unless a compiled step is asked for."""
+    return use_decode_layout(device, dtype) and not eager_requested()
+
+
+def lay_out_for_decode(model: nn.Module, compiled: bool | None = None) -> nn.Module:
+    """On CPU in fp32, every weight matrix of `model` re-stored for the decode path that will run, in place: row by
+    row (row_layout) for the compiled step, along the longer side (decode_layout) for eager steps. `compiled`
+    defaults to compile_pays(). Elsewhere unchanged. `hardway.load` calls it once: the one layout of the weights.
 
     `parameters()` yields a tied Parameter once, and we replace its data, not the Parameter: ties survive. The
-    strides the matrices had are kept in `model.loaded_strides`, for lay_out_after_move."""
+    strides the matrices had are kept in `model.loaded_strides` and the path in `model.laid_out_for`, for
+    lay_out_after_move."""
     weight = next(model.parameters())
     if use_decode_layout(weight.device, weight.dtype):
+        compiled = compile_pays(weight.device, weight.dtype) if compiled is None else compiled
+        matrices = [p for p in model.parameters() if p.dim() == 2]
+        if model.__dict__.get("laid_out_for") == ("compiled" if compiled else "eager") and all(
+                p.stride() == decode_strides(p.shape, compiled) for p in matrices):
+            return model  # laid out so already: nothing copied
         remember_loaded_strides(model)
+        model.laid_out_for = "compiled" if compiled else "eager"
         for p in model.parameters():
             if p.dim() == 2:
-                p.data = decode_layout(p.data)
+                p.data = row_layout(p.data) if compiled else decode_layout(p.data)
     return model
 
 
@@ -106,22 +136,24 @@ def remember_loaded_strides(model: nn.Module) -> None:
         model.loaded_strides = {name: p.stride() for name, p in model.named_parameters() if p.dim() == 2}
 
 
-def decode_strides(shape) -> tuple[int, int]:
-    """The strides decode_layout gives an (out, in) matrix: column by column when out >= in, else row by row."""
+def decode_strides(shape, compiled: bool = False) -> tuple[int, int]:
+    """The strides lay_out_for_decode gives an (out, in) matrix: for eager steps (decode_layout) column by column when
+    out >= in, else row by row; for the compiled step row by row."""
     out_features, in_features = shape
-    return (1, out_features) if out_features >= in_features else (in_features, 1)
+    return (1, out_features) if out_features >= in_features and not compiled else (in_features, 1)
 
 
 def lay_out_after_move(model: nn.Module) -> nn.Module:
     """After `model.to(...)`, `.half()`, `.cuda()` (the models' `_apply` calls this): on CPU in fp32 every matrix in
-    decode_layout (copied only if one is not), elsewhere every matrix back in the strides it was loaded with,
+    the layout of the path chosen at load (copied only if one is not), elsewhere every matrix back in the strides it was loaded with,
     `model.loaded_strides` (a copy keeps strides, and this layout pays on CPU in fp32 only). In place, ties kept."""
     matrices = [(name, p) for name, p in model.named_parameters() if p.dim() == 2]
     if not matrices:
         return model
     if use_decode_layout(matrices[0][1].device, matrices[0][1].dtype):
-        if any(p.stride() != decode_strides(p.shape) for _, p in matrices):
-            lay_out_for_decode(model)
+        compiled = model.__dict__.get("laid_out_for", "eager") == "compiled"  # the path chosen at load
+        if any(p.stride() != decode_strides(p.shape, compiled) for _, p in matrices):
+            lay_out_for_decode(model, compiled)
         return model
     for name, p in matrices:
         strides = model.loaded_strides.get(name)
@@ -175,32 +207,65 @@ class StaticKVCache(KVCache):
         return self.nbytes // self.max_len
 
 
+def compile_cache_dir() -> Path:
+    """Where compiled steps are kept between runs: $XDG_CACHE_HOME/hardway/inductor, else ~/.cache/hardway/inductor
+    (beside lesson 16's C loops); TORCHINDUCTOR_CACHE_DIR, when set, wins."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hardway" / "inductor"
+
+
+def use_compile_cache() -> None:
+    """Point inductor's on-disk cache at compile_cache_dir(), unless the environment chose a folder of its own.
+    (Inductor writes its default folder, in the temporary directory, into TORCHINDUCTOR_CACHE_DIR the first time it
+    looks, e.g. when torch._dynamo is imported; that one is replaced.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small module: no inductor import
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+
+
+def compiled_step(fn, device, rows: int = 1, backend=None, cuda_graphs: bool = True, options: dict | None = None):
+    """torch.compile(fn) for a step whose matrix products have `rows` rows on `device`: the one place where every
+    compiled step of the course (this lesson's StaticDecodeStep, lesson 14's serving decode, lesson 17's verifier)
+    gets its backend. Whole graph, static shapes. `backend` None: on CUDA inductor, replayed as CUDA graphs when
+    `cuda_graphs` (gpt-fast's mode="reduce-overhead"); on CPU cpu_step_backend(rows) (the CPU section of this
+    lesson). Any other backend is used as
+    given (the tests count graphs with one). `options`: torch.compile's (e.g. a guard_filter_fn). Inductor keeps what
+    it compiled in compile_cache_dir(), so a second start reuses it."""
+    use_compile_cache()  # read when inductor compiles
+    device = torch.device(device)
+    kwargs = {} if options is None else {"options": options}
+    if backend is None:
+        backend = "inductor" if device.type == "cuda" else cpu_step_backend(rows)
+    if backend == "inductor" and device.type == "cuda" and cuda_graphs:
+        kwargs = {"mode": "reduce-overhead"} if options is None else {"options": {**options, "triton.cudagraphs": True}}
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, **kwargs)
+
+
 class StaticDecodeStep(Decoder):
     """Lesson 08's `decode_one_token`, compiled once for every position: a Decoder whose StaticKVCache of `max_len`
     positions and token and position buffers live at fixed addresses, so one CUDA graph serves the whole generation.
 
     `step.generate(input_ids, max_new_tokens, ...)` is `hardway.generate(model, ..., decoder=step)`: lesson 08's
-    prefill, eager, into this cache, then the compiled one-token steps. The default backend: on CUDA gpt-fast's,
-    inductor with mode="reduce-overhead" (CUDA graphs); on CPU `cpu_decode_backend` (below), for which the model's
-    matrices are re-stored row by row. `backend` may be any torch.compile backend ("eager", "aot_eager", a counting
-    one): that is how the CPU tests check that the step is one graph and gives eager's tokens."""
+    prefill, eager, into this cache, then the compiled one-token steps. The backend is `compiled_step`'s (below), the
+    one place it is chosen: on CUDA gpt-fast's, inductor with CUDA graphs (`mode="reduce-overhead"`; None: without);
+    on CPU `cpu_decode_backend`, whose loops stream the matrices fastest when `hardway.load` laid them out row by row
+    (it does on CPU in fp32 unless eager decoding was asked for). The model is used as it is, never changed.
+    `backend` may be any torch.compile backend ("eager", "aot_eager", a counting one): that is how the CPU tests
+    check that the step is one graph and gives eager's tokens."""
 
     padded_batches = False  # one graph for one shape: left-padded batches run eagerly
 
     def __init__(self, model, max_len: int, batch_size: int = 1, backend=None, mode: str | None = "reduce-overhead"):
         self.model = model
-        if backend is None and next(model.parameters()).device.type == "cpu":
-            backend, mode = cpu_decode_backend, None  # defined with the CPU section of this lesson
-            lay_out_rows(model)  # the rows its matrix-vector loops stream
-        backend = "inductor" if backend is None else backend
         self.kv_cache = StaticKVCache.like(model.new_kv_cache(batch_size, max_len))  # through the model's contract
         device = self.kv_cache.k[0].device
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # (B, 1) the graph's input token
         self.input_pos = torch.zeros((), dtype=torch.long, device=device)  # () its position
         for t in (*self.kv_cache.k, *self.kv_cache.v, self.token, self.input_pos):
             torch._dynamo.mark_static_address(t)  # the graph reads and writes these very addresses
-        options = {"mode": mode} if backend == "inductor" and mode else {}
-        self.compiled = torch.compile(decode_one_token, backend=backend, fullgraph=True, dynamic=False, **options)
+        self.compiled = compiled_step(decode_one_token, device, batch_size, backend,
+                                      cuda_graphs=mode == "reduce-overhead")
 
     def __call__(self, token: torch.Tensor, input_pos: torch.Tensor, attention_mask=None) -> torch.Tensor:
         """token (B, 1) at position input_pos (0-dim) -> logits (B, 1, V), like decode_one_token on this cache."""
@@ -272,17 +337,99 @@ def cpu_decode_backend(graph_module, example_inputs, max_rows: int = 1, product=
             return bias + product(a, b)
         return NotImplemented  # inductor's own lowering
 
-    return compile_fx(graph_module, example_inputs,
-                      decompositions={**table, aten.mm.default: mm, aten.addmm.default: addmm})
+    # Our two entries go into inductor's own table (the one select_decomp_table returns, kept from call to call) for
+    # the time of this compilation, rather than a table of our own passed to compile_fx: a table passed in is part of
+    # the key of inductor's on-disk cache and cannot be hashed, so nothing would be cached. The cached code is keyed by
+    # the graph after the decompositions, which shows ours. (The cache of the graph before them, AOTAutograd's, would
+    # not tell the two apart: it stays off here.)
+    from torch._functorch import config as functorch_config
+
+    ours = {aten.mm.default: mm, aten.addmm.default: addmm}
+    saved = {op: table.get(op) for op in ours}
+    table.update(ours)
+    try:
+        with functorch_config.patch(enable_autograd_cache=False):
+            return compile_fx(graph_module, example_inputs)
+    finally:
+        for op, entry in saved.items():  # inductor's own table as it was
+            if entry is None:
+                table.pop(op, None)
+            else:
+                table[op] = entry
 
 
-def lay_out_rows(model: nn.Module) -> nn.Module:
-    """Every weight matrix of a CPU fp32 model re-stored row by row on 2 MB pages, in place, ties kept: the layout
-    matvec_as_sum's loop streams. Same values and shapes; eager matmuls on it are slower (decode_layout's reason)."""
+def rows_times_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (R, in) @ b (in, out) -> (R, out) for a few rows, as a multiply and a sum that inductor compiles to one
+    loop over the out rows of b.T (the weight matrix, stored row by row): each weight row is read from memory once
+    and multiplied by all R rows of a while it is in cache. matvec_as_sum is the case R = 1 (lesson 17 verifies
+    k + 1 guesses with it; lesson 14 decodes a few requests at once)."""
+    a = torch.ops.prims.inductor_force_stride_order.default(a, a.stride())  # a buffer: nothing recomputed per row
+    return (b.T.unsqueeze(1) * a.unsqueeze(0)).sum(dim=-1).T  # (out, 1, in) * (1, R, in), summed over in -> (R, out)
+
+
+MAX_PRODUCT_ROWS = 16  # rows_times_matrix's limit: more rows than this, and inductor's own matmul is used
+
+
+def cpu_step_backend(rows: int = 1):
+    """The CPU backend of a step whose matrix products have `rows` rows: cpu_decode_backend with matvec_as_sum for
+    one row, rows_times_matrix for up to MAX_PRODUCT_ROWS, inductor's own matmul beyond."""
+    if rows > MAX_PRODUCT_ROWS:
+        return "inductor"
+    product = matvec_as_sum if rows == 1 else rows_times_matrix
+
+    def backend(graph_module, example_inputs):
+        return cpu_decode_backend(graph_module, example_inputs, rows, product)
+
+    backend.__name__ = f"cpu_step_backend_{rows}_rows"
+    return backend
+
+
+_SHARED_STEPS = weakref.WeakKeyDictionary()  # model -> its StaticDecodeStep for fast_generate (holding no model)
+
+
+def shared_static_step(model, batch_size: int, n_positions: int) -> StaticDecodeStep:
+    """A StaticDecodeStep for `model` with room for n_positions, kept between calls (one per model: its compiled graph
+    and its static cache). Its cache is sized to a power of two of at least 256 positions (at most the model's
+    context), so that most calls reuse it; a longer call replaces it, and compiles once more."""
+    step = _SHARED_STEPS.get(model)
+    if step is None or step.kv_cache.batch_size != batch_size or step.kv_cache.max_len < n_positions:
+        max_len = min(model.max_seq_len, max(256, 1 << (n_positions - 1).bit_length()))
+        step = StaticDecodeStep(model, max_len, batch_size)
+        step.model = None  # the cache must not keep the model alive: fast_generate hands it in for each call
+        _SHARED_STEPS[model] = step
+    return step
+
+
+@torch.inference_mode()
+def fast_generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig | None = None,
+                  *, do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+                  top_p: float | None = None, repetition_penalty: float | None = None, eos_token_id=MODEL_EOS,
+                  generator: torch.Generator | None = None, on_token=None, attention_mask: torch.Tensor | None = None,
+                  decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None,
+                  eager: bool | None = None) -> torch.Tensor:
+    """`hardway.generate`: lesson 08's generate, decoding with the compiled StaticDecodeStep wherever it pays and
+    the call allows it, with the same tokens. Compiled: a model on CPU in fp32 (compile_pays), one row without
+    padding, no decoder given, the cache used; the first call compiles (seconds to a minute; inductor's cache in
+    compile_cache_dir() shortens the next process's), and the step is kept for the model's next calls. `eager=False`
+    compiles on any device and dtype (on CUDA: CUDA graphs). Everything else, or `eager=True`, or HARDWAY_EAGER=1 in
+    the environment with `eager` unset: lesson 08's eager steps."""
     weight = next(model.parameters())
-    if use_decode_layout(weight.device, weight.dtype):
-        remember_loaded_strides(model)  # for lay_out_after_move
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.data = empty_on_huge_pages(tuple(p.shape), p.dtype).copy_(p.data)
-    return model
+    pays = compile_pays(weight.device, weight.dtype) if eager is None else not eager
+    n_positions = input_ids.shape[-1] + max_new_tokens if isinstance(input_ids, torch.Tensor) else 0
+    eligible = (pays and decoder is None and use_cache and isinstance(input_ids, torch.Tensor)
+                and input_ids.dim() == 2 and input_ids.shape[0] == 1 and isinstance(max_new_tokens, int)
+                and max_new_tokens >= 1 and n_positions <= model.max_seq_len
+                and (attention_mask is None or (isinstance(attention_mask, torch.Tensor) and bool(attention_mask.all())))
+                and input_ids.device == weight.device)
+    kwargs = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                  repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, generator=generator,
+                  on_token=on_token, attention_mask=attention_mask, use_cache=use_cache,
+                  eos_check_every=eos_check_every)
+    if not eligible:
+        return generate(model, input_ids, max_new_tokens, sampling, decoder=decoder, **kwargs)
+    step = shared_static_step(model, 1, n_positions)
+    step.model = model
+    try:
+        return generate(model, input_ids, max_new_tokens, sampling, decoder=step, **kwargs)
+    finally:
+        step.model = None

@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import library  # custom operators, which torch.compile calls without looking inside
 
-from hardway.fast_decode import cpu_decode_backend, lay_out_rows, use_decode_layout  # lesson 12
+from hardway.fast_decode import compiled_step  # lesson 12: the one place a compiled step's backend is chosen
 from hardway.llama import MLP, Attention, apply_rope  # lesson 09
 from hardway.loading import CausalLM
 from hardway.sampling import SamplingConfig, sample_next_token  # lesson 07
@@ -550,26 +550,19 @@ class CompiledDecode:
     read only the pool's scratch slot. The number of positions S is a symbolic size in each graph (marked dynamic):
     it grows at every step, and one graph serves them all.
 
-    On a CPU in fp32 the graph of one row is lesson 12's: `cpu_decode_backend`, whose matrix-vector products stream
-    weights stored row by row, on a copy of the model laid out so (the memory of the weights again; the eager path
-    keeps its own layout). The graphs of several rows compile `rows_model` when given (the runner's twin whose linear
-    layers are OneDNNLinear): inductor fuses everything between the matrix products, which stay oneDNN's. Compiling
-    takes seconds to a minute per size: `compile_now` does it before any request."""
+    Every graph compiles `model` as the runner runs it (its oneDNN twin on a CPU in fp32), with lesson 12's
+    `compiled_step` choosing the backend for its rows: for one row, lesson 12's matrix-vector loops, on the weights
+    `hardway.load` laid out for them (the twin's one-row path uses the model's own weights: no copy); for several,
+    inductor fusing everything between the oneDNN products, which it calls as they are. Compiling takes seconds to a
+    minute per size: `compile_now` does it before any request."""
 
-    def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None,
-                 rows_model: CausalLM | None = None):
-        self.cache, self.batch_sizes = cache, sorted(batch_sizes)
-        weight = next(model.parameters())
-        self.models = {b: model if b == 1 or rows_model is None else rows_model for b in self.batch_sizes}
-        one_row_backend = backend
-        if backend is None and 1 in self.batch_sizes and use_decode_layout(weight.device, weight.dtype):
-            self.models[1], one_row_backend = lay_out_rows(copy.deepcopy(model)), cpu_decode_backend
-        backends = {b: (one_row_backend if b == 1 else backend) or "inductor" for b in self.batch_sizes}
-        # One torch.compile per size: each compiles its own graph once, and is only ever called with the same model
+    def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None):
+        self.cache, self.batch_sizes, self.model = cache, sorted(batch_sizes), model
+        # One compiled step per size: each compiles its own graph once, and is only ever called with the same model
         # and cache, so the guards on their modules' attributes, checked before every call (milliseconds per step),
-        # are skipped; the guards on the tensors' shapes stay.
-        self.graphs = {b: torch.compile(paged_decode_step, backend=backends[b], fullgraph=True, dynamic=False,
-                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        # are skipped; the guards on the tensors' shapes stay. No CUDA graphs: S changes at every step.
+        guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        self.graphs = {b: compiled_step(paged_decode_step, cache.device, b, backend, cuda_graphs=False, options=guards)
                        for b in self.batch_sizes}
 
     def padded_size(self, n_rows: int) -> int | None:
@@ -587,7 +580,7 @@ class CompiledDecode:
             torch._dynamo.mark_dynamic(t, 1)  # S: symbolic, not a constant of the graph
         padded_ids = torch.zeros(size, 1, dtype=torch.long, device=self.cache.device)  # (size, 1): token 0 for padding
         padded_ids[:B] = input_ids
-        return self.graphs[size](self.models[size], padded_ids, mask, self.cache)[:B, -1]  # (B, V)
+        return self.graphs[size](self.model, padded_ids, mask, self.cache)[:B, -1]  # (B, V)
 
     def compile_now(self) -> None:
         """Compile every size now, on padding rows alone: they read and write the scratch slot only."""
@@ -618,9 +611,8 @@ class ModelRunner:
         self.block_size, self.device = block_size, self.cache.device
         if onednn is None:
             onednn = onednn_linear_pays(self.device, self.cache.dtype)
-        self.model = with_onednn_linears(model) if onednn else model
-        rows_model = self.model if onednn else None  # the oneDNN twin: the compiled graphs of several rows use it
-        self.decode = CompiledDecode(model, self.cache, compile_sizes, backend, rows_model) if compile_sizes else None
+        self.model = with_onednn_linears(model) if onednn else model  # its parameters are the model's own
+        self.decode = CompiledDecode(self.model, self.cache, compile_sizes, backend) if compile_sizes else None
 
     def map_slots(self, seq: Sequence, n_positions: int) -> None:
         """Fill in the pool slot of seq's positions up to n_positions, from its block table: only the positions new

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hardway.errors import check_int  # lesson 03
-from hardway.fast_decode import StaticDecodeStep, cpu_decode_backend  # lesson 12
+from hardway.fast_decode import MAX_PRODUCT_ROWS, StaticDecodeStep, compiled_step  # lesson 12
 from hardway.generation import MODEL_EOS, check_prompt, decode_one_token, prefill, stop_ids  # lesson 08
 from hardway.loading import CausalLM  # lesson 06
 from hardway.quantize import quantize_linears  # lesson 16
@@ -415,28 +415,14 @@ def measure_verify_costs(verifier: Verifier, sizes, pos: int = 0, reps: int = 5)
     return {m: statistics.median(times[m]) / plain for m in sizes}
 
 
-def rows_times_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (R, in) @ b (in, out) -> (R, out) for a few rows, as a multiply and a sum that inductor compiles to one
-    loop over the out rows of b.T (the weight matrix, stored row by row): each weight row is read from memory once
-    and multiplied by all R rows of a while it is in cache. Lesson 12's matvec_as_sum is the case R = 1."""
-    a = torch.ops.prims.inductor_force_stride_order.default(a, a.stride())  # a buffer: nothing recomputed per row
-    return (b.T.unsqueeze(1) * a.unsqueeze(0)).sum(dim=-1).T  # (out, 1, in) * (1, R, in), summed over in -> (R, out)
-
-
-MAX_VERIFY_ROWS = 16  # k + 1 <= 16: the rows OneDNNLinear lays its copy out for, and rows_times_matrix's limit
-
-
-def cpu_verify_backend(graph_module, example_inputs):
-    """A torch.compile backend: lesson 12's cpu_decode_backend, every product of up to MAX_VERIFY_ROWS rows on CPU
-    lowered by rows_times_matrix. On the oneDNN twin no such product is left (each is the opaque onednn_linear):
-    inductor fuses what lies between them."""
-    return cpu_decode_backend(graph_module, example_inputs, MAX_VERIFY_ROWS, rows_times_matrix)
+MAX_VERIFY_ROWS = MAX_PRODUCT_ROWS  # k + 1 <= 16: the rows OneDNNLinear lays its copy out for, rows_times_matrix's limit
 
 
 class CompiledVerifier(Verifier):
     """The verify step through lesson 12's StaticDecodeStep `step` (its weights, its static cache): decode_one_token
-    compiled for k + 1 positions, and for s + 1 positions for every s in `sizes` (on CPU by cpu_verify_backend,
-    elsewhere inductor with CUDA graphs; `backend` overrides it). A draft of m guesses runs the smallest graph that
+    compiled for k + 1 positions, and for s + 1 positions for every s in `sizes`, by lesson 12's compiled_step (on
+    CPU its backend for k + 1 rows, whose products run as rows_times_matrix; elsewhere inductor with CUDA graphs;
+    `backend` overrides it). A draft of m guesses runs the smallest graph that
     holds it, padded; no guess, the step's own one-position graph. Near the end of the cache, where the graph's slots
     no longer fit, a step runs eagerly on the same cache.
 
@@ -459,11 +445,7 @@ class CompiledVerifier(Verifier):
         self.tokens = {s: torch.zeros(1, s + 1, dtype=torch.long, device=device) for s in self.sizes}  # the inputs
         for tokens in self.tokens.values():
             torch._dynamo.mark_static_address(tokens)  # (1, s + 1) each
-        options = {}
-        if backend is None:
-            backend = cpu_verify_backend if device.type == "cpu" else "inductor"
-            options = {} if device.type == "cpu" else {"mode": "reduce-overhead"}
-        self.compiled = torch.compile(decode_one_token, backend=backend, fullgraph=True, dynamic=False, **options)
+        self.compiled = compiled_step(decode_one_token, device, self.k + 1, backend)  # one backend for k + 1 rows
 
     def restricted_to(self, sizes) -> "CompiledVerifier":
         """This verifier with only the graphs of `sizes` (some of its own): the same compiled graphs, no new one."""

@@ -342,22 +342,56 @@ def test_static_step_lowered_by_inductor_on_cpu_is_one_graph_with_eager_tokens(t
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor's CPU code needs a C++ compiler")
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_default_cpu_step_streams_matvecs_in_one_graph_with_eager_tokens(tiny_models, name):
-    """The CPU default: cpu_decode_backend (one-row matmuls as multiply-and-sum loops; GPT-2's carry a bias, Llama's
-    not) on matrices re-stored row by row. One graph for prompts of two lengths, eager's tokens, the values kept."""
+def test_default_cpu_step_streams_matvecs_in_one_graph_with_eager_tokens(tiny_models, name, monkeypatch):
+    """The CPU default: compiled_step's cpu backend (one-row matmuls as multiply-and-sum loops; GPT-2's carry a bias,
+    Llama's not) on the matrices load laid out row by row for it (the compiled path is the default without
+    HARDWAY_EAGER). One graph for prompts of two lengths, eager's tokens; the model is not changed by the step."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     folder, _ = tiny_models[name]
-    model, eager_model = load(folder), load(folder)
-    step = StaticDecodeStep(model, max_len=7 + 12)  # CPU: cpu_decode_backend, lay_out_rows
-    assert all(p.is_contiguous() for p in model.parameters())  # row by row now
+    monkeypatch.delenv("HARDWAY_EAGER", raising=False)
+    model = load(folder)
+    monkeypatch.setenv("HARDWAY_EAGER", "1")
+    eager_model = load(folder)
+    assert model.laid_out_for == "compiled" and eager_model.laid_out_for == "eager"
+    assert all(p.is_contiguous() for p in model.parameters())  # row by row, from load
+    before = [(p.data_ptr(), p.stride()) for p in model.parameters()]
+    step = StaticDecodeStep(model, max_len=7 + 12)  # CPU: compiled_step's cpu_step_backend(1)
     for T in (3, 7):
         ids = prompt(100, T=T, seed=3)
         assert torch.equal(step.generate(ids, 12, eos_token_id=None), generate(eager_model, ids, 12, eos_token_id=None))
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert [(p.data_ptr(), p.stride()) for p in model.parameters()] == before  # the caller's model, untouched
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager_model.parameters()))
+
+
+def test_hardway_generate_compiles_where_it_pays_and_keeps_the_step(tiny_models, monkeypatch):
+    """hardway.generate on CPU fp32 without HARDWAY_EAGER: lesson 12's step (a counting backend stands in for
+    inductor), the tokens of eager generate, the same step for the next call of the model; eager=True, a padded
+    batch or HARDWAY_EAGER=1: no step."""
+    import hardway
+    from hardway import fast_decode
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("eager")
+    monkeypatch.setattr(fast_decode, "cpu_step_backend", lambda rows=1: counter)
+    model = load(tiny_models["llama"][0])
+    ids = prompt(100, T=5, seed=4)
+    expected = generate(model, ids, 10, eos_token_id=None)
+    monkeypatch.setenv("HARDWAY_EAGER", "1")
+    assert torch.equal(hardway.generate(model, ids, max_new_tokens=10, eos_token_id=None), expected)
+    assert counter.frame_count == 0 and model not in fast_decode._SHARED_STEPS
+    monkeypatch.delenv("HARDWAY_EAGER")
+    assert torch.equal(hardway.generate(model, ids, max_new_tokens=10, eos_token_id=None, eager=True), expected)
+    assert counter.frame_count == 0
+    assert torch.equal(hardway.generate(model, ids, max_new_tokens=10, eos_token_id=None), expected)
+    step = fast_decode._SHARED_STEPS[model]
+    assert counter.frame_count == 1 and step.model is None and step.kv_cache.max_len == min(256, model.max_seq_len)
+    assert torch.equal(hardway.generate(model, ids[:, :3], max_new_tokens=12, eos_token_id=None),
+                       generate(model, ids[:, :3], 12, eos_token_id=None))
+    assert fast_decode._SHARED_STEPS[model] is step and counter.frame_count == 1  # reused: no new graph
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA-graphs decode step needs CUDA")

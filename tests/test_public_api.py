@@ -76,7 +76,8 @@ def test_every_public_name_imports_in_a_fresh_interpreter():
              "missing = [n for n in hardway.__all__ if n not in ns]\n"
              "assert not missing, missing\n"
              "import hardway.generation, hardway.loading, hardway.sampling, hardway.tokenizer\n"
-             "assert hardway.generate is hardway.generation.generate and hardway.load is hardway.loading.load\n"
+             "import hardway.fast_decode\n"
+             "assert hardway.generate is hardway.fast_decode.fast_generate and hardway.load is hardway.loading.load\n"
              "assert hardway.SamplingConfig is hardway.sampling.SamplingConfig\n"
              "print(sorted(hardway.__all__))\n")
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=ROOT)

@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hardway.fast_decode import StaticDecodeStep
+from hardway.fast_decode import StaticDecodeStep, rows_times_matrix  # lesson 12 (lesson 17 verifies with the latter)
 from hardway.generation import generate
 from hardway.hub import checkpoint
 from hardway.loading import load
@@ -22,7 +22,7 @@ from hardway.serving import OneDNNLinear
 from hardway.speculative import (CompiledVerifier, CostAwareGuesses, Draft, Drafter, HeuristicGuesses, ModelDrafter,
                                  PromptLookupDrafter, SpeculationStats, Verifier, accept_greedy, accept_sampled,
                                  chi_square_test, draw_two_tokens, int8_drafter, measure_verify_costs,
-                                 rows_times_matrix, speculative_generate, two_token_tables)
+                                 speculative_generate, two_token_tables)
 from hardway.tokenizer import load_tokenizer
 
 FALSE_ALARM = 1e-3  # a right rule fails a chi-square test at this threshold once in a thousand independent draws
@@ -488,7 +488,7 @@ def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch,
     generation (the "eager" backend): what is checked is the wiring, not inductor's code."""
     import shutil
 
-    from hardway import cli, fast_decode, speculative
+    from hardway import cli, fast_decode
 
     standin = checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")
     torch.manual_seed(0)
@@ -500,8 +500,8 @@ def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch,
         shutil.copy(standin / name, tmp_path / name)
     capsys.readouterr()  # the stand-in's banner, printed once per process by checkpoint()
     verify_graphs = CompileCounterWithBackend("eager")
-    monkeypatch.setattr(fast_decode, "cpu_decode_backend", "eager")
-    monkeypatch.setattr(speculative, "cpu_verify_backend", verify_graphs)
+    # lesson 12's compiled_step picks the CPU backend by the rows of a step: one row "eager", k + 1 rows counted
+    monkeypatch.setattr(fast_decode, "cpu_step_backend", lambda rows=1: "eager" if rows == 1 else verify_graphs)
     base = ["generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "12",
             "one two three one two three one two"]
     assert cli.main(base) == 0
