@@ -4,7 +4,7 @@
     uv run python benchmarks/batch.py --model openai-community/gpt2 --batch-sizes 1 4 16 --new-tokens 64
 
 For each batch size, the time of one decode step is measured as (time of N new tokens - time of 1) / (N - 1), so the
-prefill cancels, median of several repetitions after a warm-up (hardway.batching.decode_step_seconds). Every step
+prefill cancels, median of several repetitions after a warm-up (hardway.instruments.timing.decode_step_seconds). Every step
 makes one token per row: aggregate throughput = B / step time, and the per-token latency each row sees is the step
 time. The roofline bound for a step is max(weight bytes / bandwidth, 2 x parameters x B / peak FLOP/s), with the
 bandwidth measured by a large copy (lesson 12) and the peak by a large matmul, both in this run. transformers' generate
@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.batching import decode_step_seconds, matmul_flops  # noqa: E402
-from hardway.fast_decode import measure_bandwidth  # noqa: E402
-from hardway.hub import checkpoint  # noqa: E402
-from hardway.memory import weight_bytes as count_weight_bytes  # noqa: E402
+from hardway.instruments.timing import decode_step_seconds, matmul_flops  # noqa: E402
+from hardway.instruments.roofline import measure_bandwidth  # noqa: E402
+from hardway.formats.hub import checkpoint  # noqa: E402
+from hardway.instruments.memory import weight_bytes as count_weight_bytes  # noqa: E402
 from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
 
 

@@ -36,13 +36,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.fast_decode import (StaticDecodeStep, cpu_decode_backend, lay_out_for_decode, matvec_as_sum, measure_bandwidth,  # noqa: E402
-                                 roofline_tokens_per_s)
-from hardway.generation import decode_one_token, generate, prefill  # noqa: E402
-from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
+from hardway.decode.static import StaticDecodeStep
+from hardway.kernels.compile import cpu_decode_backend, matvec_as_sum
+from hardway.kernels.layout import lay_out_for_decode
+from hardway.instruments.roofline import measure_bandwidth, roofline_tokens_per_s
+from hardway.decode.generate import decode_one_token, generate, prefill  # noqa: E402
+from hardway.formats.hub import checkpoint, shakespeare_path  # noqa: E402
 from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
-from hardway.memory import weight_bytes  # noqa: E402
-from hardway.timing import time_interleaved  # noqa: E402
+from hardway.instruments.memory import weight_bytes  # noqa: E402
+from hardway.instruments.timing import time_interleaved  # noqa: E402
 
 
 def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:

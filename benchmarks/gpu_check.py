@@ -11,7 +11,7 @@ numbers whatever they are. What it runs, in order, one model pair on the device 
 
 1. fp32: transformers' last-token logits on the prompt (the reference both half precisions are measured against),
    then hardway's static-shape compiled step against its own eager decoding: tokens must be identical.
-2. fp16 and bf16, eager, with one SDPA backend pinned for both sides (hardway.verify.comparison_attention): greedy
+2. fp16 and bf16, eager, with one SDPA backend pinned for both sides (hardway.verify.ritual.comparison_attention): greedy
    tokens identical to transformers', the last-token logits no further from fp32 than transformers' own (give or
    take one rounding step of the dtype), perplexity.
 3. bf16 speed (32-token prompt, 128 new tokens, batch 1): transformers' generate, hardway.generate and
@@ -48,12 +48,12 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 import hardway  # noqa: E402
-from hardway.fast_decode import (StaticDecodeStep, measure_bandwidth, roofline_tokens_per_s,  # noqa: E402
-                                 teacher_forced_agreement)
-from hardway.memory import weight_bytes  # noqa: E402
-from hardway.timing import sync_device, time_interleaved  # noqa: E402
-from hardway.verify import (comparison_attention, half_precision_bar, load_reference, perplexity,  # noqa: E402
-                            window_nlls)
+from hardway.decode.static import StaticDecodeStep
+from hardway.instruments.roofline import measure_bandwidth, roofline_tokens_per_s
+from hardway.instruments.agreement import teacher_forced_agreement
+from hardway.instruments.memory import weight_bytes  # noqa: E402
+from hardway.instruments.timing import sync_device, time_interleaved  # noqa: E402
+from hardway.verify.ritual import comparison_attention, half_precision_bar, load_reference, perplexity, window_nlls
 
 # A Llama of the same kind (GQA, tied head, llama3 RoPE scaling), small enough to run every step on a CPU in seconds.
 TINY_CONFIG = dict(standins.LLAMA_1B_CONFIG, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

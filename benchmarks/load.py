@@ -1,4 +1,4 @@
-"""Safetensors load time: hardway.safetensors.load_file against the safetensors library, on the same file.
+"""Safetensors load time: hardway.formats.safetensors.load_file against the safetensors library, on the same file.
 
     uv run python benchmarks/load.py --model openai-community/gpt2
     uv run python benchmarks/load.py --model HuggingFaceTB/SmolLM2-135M-Instruct --touch
@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.hub import checkpoint  # noqa: E402
-from hardway.safetensors import load_file  # noqa: E402
+from hardway.formats.hub import checkpoint  # noqa: E402
+from hardway.formats.safetensors import load_file  # noqa: E402
 
 
 def median_seconds(fn, reps: int) -> float:
@@ -53,7 +53,7 @@ def main(argv=None) -> float:
 
     ours, theirs = load_file(path), st_load_file(str(path))
     if ours.keys() != theirs.keys() or not all(torch.equal(ours[k], theirs[k]) for k in ours):
-        raise SystemExit("FAIL: hardway.safetensors.load_file and safetensors.torch.load_file differ")
+        raise SystemExit("FAIL: hardway.formats.safetensors.load_file and safetensors.torch.load_file differ")
 
     def timed(loader):
         def run():

@@ -7,7 +7,7 @@ Q4_1 blocks, side by side in one process, with llama.cpp on the same GGUF (and o
 
 Every hardway format decodes with lesson 12's compiled static-shape step (inductor on CPU, the quantized layers'
 one-row products fused into loops over the integers); the rows named "C loop" send those one-row products to
-hardway.c_loops' C loops instead, on the fp32 row, inside the same compiled step (where a C compiler is found), with
+hardway.kernels.c_loops' C loops instead, on the fp32 row, inside the same compiled step (where a C compiler is found), with
 the calls that share a row merged (group_c_loops: q, k, v one call, gate and up another).
 `--c-loop-one-call-a-layer` adds the same loops without the merging, for comparison. `--c-loop-int8-rows` adds, on a
 CPU with AVX512-VNNI, the integer loops, which round each input row to int8 in blocks of 32 first, so their perplexity
@@ -42,16 +42,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.decode import llama_cpp_generate, prompt_ids  # noqa: E402
-from hardway.c_loops import c_loop_decode_backend, c_loops_available, c_loops_quantize_activations  # noqa: E402
-from hardway.fast_decode import StaticDecodeStep, lay_out_for_decode  # noqa: E402
-from hardway.generation import generate  # noqa: E402
-from hardway.gguf import smollm2_gguf  # noqa: E402
-from hardway.hub import checkpoint  # noqa: E402
+from hardway.kernels.c_loops import c_loop_decode_backend, c_loops_available, c_loops_quantize_activations  # noqa: E402
+from hardway.decode.static import StaticDecodeStep  # noqa: E402
+from hardway.kernels.layout import lay_out_for_decode
+from hardway.decode.generate import generate  # noqa: E402
+from hardway.formats.gguf import smollm2_gguf  # noqa: E402
+from hardway.formats.hub import checkpoint  # noqa: E402
 from hardway.loading import forward_once, load  # noqa: E402
-from hardway.quantize import (QuantizedLinear, gguf_quantized, quantize_linears, round_activations,  # noqa: E402
-                              weights_nbytes)
-from hardway.timing import time_interleaved  # noqa: E402
-from hardway.verify import eval_text, perplexity, window_nlls  # noqa: E402
+from hardway.kernels.quantized import (QuantizedLinear, gguf_quantized, quantize_linears, round_activations, weights_nbytes)
+from hardway.instruments.timing import time_interleaved  # noqa: E402
+from hardway.verify.ritual import eval_text, perplexity, window_nlls  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Every compiled row is another model through the same decode_one_token: a recompilation each, which dynamo caps at 8
@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--eager", action="store_true", help="also time fp32 eager and torch's weight-only kernels")
     parser.add_argument("--llama-cpp-path", metavar="DIR", help="a folder holding the llama_cpp module")
     parser.add_argument("--llama-cpp-f32", metavar="GGUF", help="an F32 GGUF of the same weights, for llama.cpp's Q8_0")
-    parser.add_argument("--no-c-loop", action="store_true", help="leave out the C loops (hardway.c_loops)")
+    parser.add_argument("--no-c-loop", action="store_true", help="leave out the C loops (hardway.kernels.c_loops)")
     parser.add_argument("--c-loop-int8-rows", action="store_true",
                         help="also time the C loops with the input row rounded to int8 (AVX512-VNNI only)")
     parser.add_argument("--c-loop-one-call-a-layer", action="store_true",
@@ -167,7 +167,7 @@ def main(argv=None) -> dict:
 
     fns = {name: compiled_run(formats[name]) for name in timed_formats}
     scored = {}  # a timed engine -> the format whose perplexity is its own
-    if c_loops_available() and not args.no_c_loop:  # the same weights, one row through hardway.c_loops' C loops
+    if c_loops_available() and not args.no_c_loop:  # the same weights, one row through hardway.kernels.c_loops' C loops
         rounding = args.c_loop_int8_rows and c_loops_quantize_activations()  # the integer loops, where they run
         variants = [("", False, True)] + [(", one call a layer", False, False)] * args.c_loop_one_call_a_layer
         variants += [(", int8 row", True, True)] * rounding

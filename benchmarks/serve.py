@@ -138,10 +138,10 @@ def load_generate_alone(model_id: str):
     """hardway.generate on one prompt in this process -> a function that times one greedy answer, in tok/s."""
     import torch
 
-    from hardway.generation import generate
-    from hardway.hub import checkpoint
+    from hardway.decode.generate import generate
+    from hardway.formats.hub import checkpoint
     from hardway.loading import load
-    from hardway.tokenizer import load_tokenizer
+    from hardway.text.tokenizer import load_tokenizer
 
     folder = checkpoint(model_id)
     model, tokenizer = load(folder), load_tokenizer(folder)

@@ -35,14 +35,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.chat import ChatTemplate  # noqa: E402
-from hardway.generation import generate  # noqa: E402
-from hardway.hub import checkpoint  # noqa: E402
+from hardway.text.chat import ChatTemplate  # noqa: E402
+from hardway.decode.generate import generate  # noqa: E402
+from hardway.formats.hub import checkpoint  # noqa: E402
 from hardway.loading import load  # noqa: E402
-from hardway.speculative import (CompiledVerifier, CostAwareGuesses, HeuristicGuesses, PromptLookupDrafter,  # noqa: E402
-                                 SpeculationStats, Verifier, int8_drafter, measure_verify_costs, speculative_generate)
-from hardway.serving import MergedLinear, OneDNNLinear  # noqa: E402
-from hardway.timing import time_interleaved  # noqa: E402
+from hardway.decode.speculative import (CompiledVerifier, PromptLookupDrafter, SpeculationStats, Verifier, int8_drafter, speculative_generate)
+from hardway.instruments.speculation import CostAwareGuesses, HeuristicGuesses, measure_verify_costs
+from hardway.kernels.onednn import MergedLinear, OneDNNLinear  # noqa: E402
+from hardway.instruments.timing import time_interleaved  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PASSAGE = ("The Moon is Earth's only natural satellite. It orbits at an average distance of 384,400 km, about 30 "
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     costs = {"eager": measure_verify_costs(Verifier(model, longest + k_max), args.ks, pos, reps=5)}
     step, verifiers, multi = None, {}, None
     if not args.no_compile:  # one compiled step for every prompt: its static cache holds the longest and k guesses
-        from hardway.fast_decode import StaticDecodeStep  # lesson 12; imported here: inductor is slow to import
+        from hardway.decode.static import StaticDecodeStep  # lesson 12; imported here: inductor is slow to import
 
         step = StaticDecodeStep(copy.deepcopy(model), max_len=longest + k_max)
         # lesson 17: a graph of k + 1 positions for every k

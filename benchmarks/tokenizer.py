@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hardway.bpe import BPETokenizer, GPT2Tokenizer  # noqa: E402
-from hardway.hub import checkpoint, shakespeare_path  # noqa: E402
+from hardway.text.bpe import BPETokenizer, GPT2Tokenizer  # noqa: E402
+from hardway.formats.hub import checkpoint, shakespeare_path  # noqa: E402
 
 
 def median_seconds(fn, reps: int, before=None) -> float:

@@ -9,7 +9,7 @@
 
 These six names (`__all__`) are the public API, written down with their promises in docs/api.md: a documented call
 keeps working. Every model `load` returns meets one contract, `hardway.CausalLM` (lesson 06). Module paths
-(`hardway.generation`, `hardway.fast_decode`, ...) are the lessons' own code and change with them.
+(`hardway.decode.generate`, `hardway.fast_decode`, ...) are the lessons' own code and change with them.
 
 This file is the only hand-written module: it re-exports the public API, each name imported on first use so that
 `import hardway` stays cheap. Everything else in hardway/ is generated from notebooks/ by tools/export.py.
@@ -20,9 +20,9 @@ _PUBLIC = {
     "CausalLM": "hardway.loading",
     "load": "hardway.loading",
     "forward_once": "hardway.loading",
-    "generate": "hardway.fast_decode:fast_generate",  # lesson 08's generate, compiled by lesson 12 where it pays
-    "SamplingConfig": "hardway.sampling",
-    "load_tokenizer": "hardway.tokenizer",
+    "generate": "hardway.decode.static:fast_generate",  # lesson 08's generate, compiled by lesson 12 where it pays
+    "SamplingConfig": "hardway.decode.sampling",
+    "load_tokenizer": "hardway.text.tokenizer",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -3,16 +3,17 @@
 """`hardway chat`: an interactive terminal chat with a checkpoint's chat template (lesson 13).
 
 The command line's own module: it reads the keyboard and prints, which the library never does."""
+
 from __future__ import annotations
 
 import sys
 
 import torch
 
-from hardway.chat import ChatTemplate, ChatTemplateError, fit_conversation
-from hardway.streaming import Detokenizer  # lesson 11
-from hardway.generation import generate  # lesson 08
-from hardway.sampling import GREEDY, SamplingConfig  # lesson 07
+from hardway.decode.generate import generate
+from hardway.decode.sampling import GREEDY, SamplingConfig
+from hardway.text.chat import ChatTemplate, ChatTemplateError, fit_conversation
+from hardway.text.detokenizer import Detokenizer
 
 
 def chat_loop(model, chat: ChatTemplate, max_new_tokens: int = 256, max_context: int | None = None,

@@ -2,6 +2,7 @@
 
 """`hardway verify`, `hardway generate` and `hardway chat`: the ritual, a streaming generator and a terminal chat
 (lesson 13), for machines without Jupyter."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,15 +12,20 @@ import sys
 
 import torch
 
-from hardway.chat_cli import chat_loop  # lesson 13
-from hardway.fast_decode import StaticDecodeStep, compile_pays, fast_generate  # lesson 12
+from hardway.chat_cli import chat_loop
+from hardway.decode.sampling import SamplingConfig
+from hardway.decode.speculative import (
+    CompiledVerifier,
+    MAX_VERIFY_ROWS,
+    PromptLookupDrafter,
+    int8_drafter,
+    speculative_generate,
+)
+from hardway.decode.static import StaticDecodeStep, fast_generate
+from hardway.engine.engine import Engine, PrefixCachingEngine
+from hardway.kernels.layout import compile_pays
 from hardway.loading import DTYPE_NAMES, check_device, open_model
-from hardway.prefix_cache import PrefixCachingEngine  # lesson 15
-from hardway.sampling import SamplingConfig
-from hardway.serving import Engine  # lesson 14
-from hardway.speculative import MAX_VERIFY_ROWS, CompiledVerifier, PromptLookupDrafter, int8_drafter, \
-    speculative_generate  # lesson 17
-from hardway.streaming import Detokenizer
+from hardway.text.detokenizer import Detokenizer
 
 
 def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
@@ -35,7 +41,7 @@ def cmd_verify(args) -> int:
         raise ValueError("--reference and --prompts go with --server URL")
     # Imported here, not at the top: the ritual needs transformers, which takes four times as long to import as
     # the rest of hardway, and `hardway generate` (or a mistyped flag) should not wait for it.
-    from hardway.verify import DEFAULT_PROMPT, format_report, run_ritual
+    from hardway.verify.ritual import DEFAULT_PROMPT, format_report, run_ritual
 
     device, dtype = _device_and_dtype(args)
     prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
@@ -56,8 +62,8 @@ def cmd_verify_server(args) -> int:
     if not 0 <= args.top_logprobs <= 20 or args.new_tokens < 1:
         raise ValueError("--top-logprobs must be in 0..20 and --new-tokens at least 1")
     # Imported here, not at the top, for the reason cmd_verify gives: transformers is slow to import.
-    from hardway.verify import format_report
-    from hardway.verify_server import Reference, Server, read_prompts, run_server_ritual  # lesson 18
+    from hardway.verify.ritual import format_report
+    from hardway.verify.server import Reference, Server, read_prompts, run_server_ritual  # lesson 18
 
     server = Server(args.server, args.model)
     server.check()  # an unreachable server: one line now, before the reference loads
@@ -192,7 +198,7 @@ def cmd_serve(args) -> int:
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
     # Imported here, not at the top: FastAPI and uvicorn add about a second to the start of every other command.
-    from hardway.server import serve  # lesson 14
+    from hardway.server.launch import serve  # lesson 14
 
     serve(source, host=args.host, port=args.port, max_batch=args.max_batch, n_blocks=args.blocks,
           block_size=args.block_size, device=device, dtype=dtype, grace_s=args.grace,
@@ -212,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--dtype", default=None, choices=sorted(DTYPE_NAMES),
                         help="default: float16 on CUDA, float32 on CPU")
     v = sub.add_parser("verify", parents=[common], help="the verification ritual against transformers")
-    v.add_argument("--prompt", default=None, help="default: hardway.verify.DEFAULT_PROMPT")
+    v.add_argument("--prompt", default=None, help="default: hardway.verify.ritual.DEFAULT_PROMPT")
     v.add_argument("--new-tokens", type=int, default=50)
     v.add_argument("--max-eval-tokens", type=int, default=None, help="perplexity text length in tokens (default: all on CUDA, 2048 on CPU, 1024 with --server)")
     v.add_argument("--text", default=None, metavar="FILE",

@@ -2,6 +2,7 @@
 
 """The two errors every model in hardway raises when its input does not fit it, and the two checks of the numbers
 it is given (lesson 03)."""
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@
 Every model class in hardway meets one contract, `CausalLM`; `MODEL_CLASSES` is the whole list of them. Nothing
 registers itself: a third architecture is one more line in that table and one more model file.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,8 +17,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from hardway.errors import CheckpointError, ConfigError, check_int
-from hardway.hub import checkpoint
-from hardway.safetensors import load_checkpoint
+from hardway.formats.hub import checkpoint
+from hardway.formats.safetensors import load_checkpoint
+
 
 DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}  # name -> dtype
 
@@ -139,19 +141,19 @@ class CausalLM(Protocol):
 
 # config.json's model_type -> "module:class" of the model that computes it. The whole list: nothing registers itself.
 MODEL_CLASSES = {
-    "gpt2": "hardway.gpt2:GPT",      # lesson 06
-    "llama": "hardway.llama:Llama",  # lesson 09: Llama 3.x, SmolLM2
-    "qwen2": "hardway.llama:Llama",  # lesson 09: Qwen2.5, the same architecture with q/k/v biases
+    "gpt2": "hardway.models.gpt2:GPT",      # lesson 06
+    "llama": "hardway.models.llama:Llama",  # lesson 09: Llama 3.x, SmolLM2
+    "qwen2": "hardway.models.llama:Llama",  # lesson 09: Qwen2.5, the same architecture with q/k/v biases
 }
 # Lesson 12's re-storing of weight matrices for fast CPU decoding, reached by name like the model classes.
-DECODE_LAYOUT = "hardway.fast_decode:lay_out_for_decode"
+DECODE_LAYOUT = "hardway.kernels.layout:lay_out_for_decode"
 # Lesson 16's readers of a GGUF file (its config, its tensors as a Checkpoint, its chat template), reached by name too,
 # and so are lesson 10's tokenizer reader and lesson 13's chat template, for what `open_model` finds.
-GGUF_CONFIG = "hardway.gguf:gguf_config"
-GGUF_CHECKPOINT = "hardway.gguf:gguf_checkpoint"
-GGUF_CHAT_TEMPLATE = "hardway.gguf:gguf_chat_template"
-TOKENIZER = "hardway.tokenizer:load_tokenizer"
-CHAT_TEMPLATE = "hardway.chat:ChatTemplate"
+GGUF_CONFIG = "hardway.formats.gguf:gguf_config"
+GGUF_CHECKPOINT = "hardway.formats.gguf:gguf_checkpoint"
+GGUF_CHAT_TEMPLATE = "hardway.formats.gguf:gguf_chat_template"
+TOKENIZER = "hardway.text.tokenizer:load_tokenizer"
+CHAT_TEMPLATE = "hardway.text.chat:ChatTemplate"
 
 
 def resolve(reference: str):

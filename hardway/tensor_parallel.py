@@ -10,6 +10,7 @@ norms and the head are small here and stay whole on every rank.
 
     out = run_tensor_parallel(folder, prompt_ids, n_new=16, world=2)  # two processes, gloo on 127.0.0.1
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from hardway.gpt2 import GPT, LayerNorm, attention, causal_mask, embed_tokens, gelu_tanh  # lessons 03-05
-from hardway.loading import load  # lesson 06
+from hardway.loading import load
+from hardway.models.gpt2 import GPT, LayerNorm, attention, causal_mask, embed_tokens, gelu_tanh
 
 
 @dataclass

@@ -5,7 +5,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 
 import regex
 
-from hardway.bpe import UNICODE_TO_BYTE
+from hardway.text.bpe import UNICODE_TO_BYTE
 
 
 # Exercise 1: decode with nothing but tokenizer.json.

@@ -5,7 +5,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 
 import torch
 
-from hardway.sampling import LogitsProcessor
+from hardway.decode.sampling import LogitsProcessor
 
 
 # Exercise 1: the log-probability of each chosen token.

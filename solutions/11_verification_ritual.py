@@ -5,7 +5,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 
 import torch
 
-from hardway.verify import TOLERANCE, attention_diffs, first_divergent_layer, hidden_state_diffs
+from hardway.verify.ritual import TOLERANCE, attention_diffs, first_divergent_layer, hidden_state_diffs
 
 
 # Exercise 1: each position's error against its own size, in fp32.

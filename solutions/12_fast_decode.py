@@ -5,7 +5,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 
 import torch
 
-from hardway.memory import weight_bytes
+from hardway.instruments.memory import weight_bytes
 
 
 # Exercise 1: every distinct weight byte once, plus the cache's bytes for `context_len` positions.

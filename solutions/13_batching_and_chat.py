@@ -5,7 +5,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 
 import torch
 
-from hardway.chat import ChatTemplateError
+from hardway.text.chat import ChatTemplateError
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 

@@ -2,7 +2,8 @@
 
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
-from hardway.serving import BlockManager, ScheduledBatch
+from hardway.engine.block_manager import BlockManager
+from hardway.engine.scheduler import ScheduledBatch
 
 
 # Exercise 1: the block manager's allocate and free.

@@ -5,7 +5,7 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 import torch
 import torch.nn.functional as F
 
-from hardway.gpt2 import gelu_tanh
+from hardway.models.gpt2 import gelu_tanh
 
 
 # Exercise 1: a rank's rows of c_attn.

@@ -23,12 +23,12 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from forked import run_forked
 
 from hardway.errors import CheckpointError, ConfigError
-from hardway.generation import generate
-from hardway.sampling import SamplingConfig
-from hardway.hub import checkpoint
+from hardway.decode.generate import generate
+from hardway.decode.sampling import SamplingConfig
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.tokenizer import load_tokenizer
-from hardway.verify import run_ritual
+from hardway.text.tokenizer import load_tokenizer
+from hardway.verify.ritual import run_ritual
 
 ROOT = Path(__file__).resolve().parent.parent
 HARDWAY_EXE = Path(sys.executable).with_name("hardway")

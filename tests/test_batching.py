@@ -17,11 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hardway
-from hardway.batching import batch_invariance, encode_batch, left_pad
-from hardway.chat import ChatTemplate
+from hardway.instruments.agreement import batch_invariance
+from hardway.decode.batching import encode_batch, left_pad
+from hardway.text.chat import ChatTemplate
 from hardway.chat_cli import chat_loop
-from hardway.hub import checkpoint
-from hardway.tokenizer import load_tokenizer
+from hardway.formats.hub import checkpoint
+from hardway.text.tokenizer import load_tokenizer
 from test_contract import tiny_checkpoint  # tiny GPT-2, Llama and Qwen2 checkpoints written by transformers
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,21 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from hardway.bpe import (
-    BYTE_TO_UNICODE,
-    CACHE_MAX_CHARS,
-    GPT2_SPLIT,
-    NEWER_THAN_UNICODE_16,
-    GPT2Tokenizer,
-    bpe_merge,
-    bytes_to_unicode,
-    merge_pair,
-    merge_table,
-    split_as_unicode_16,
-    train_bpe,
-    unicode_to_bytes,
-)
-from hardway.hub import checkpoint, shakespeare_path
+from hardway.text.bpe import (BYTE_TO_UNICODE, CACHE_MAX_CHARS, GPT2_SPLIT, NEWER_THAN_UNICODE_16, GPT2Tokenizer, bpe_merge, bytes_to_unicode, merge_pair, merge_table, split_as_unicode_16, train_bpe, unicode_to_bytes)
+from hardway.formats.hub import checkpoint, shakespeare_path
 
 # Copied from openai/gpt-2 encoder.py, so the naive trainer below does not share our module's constant.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""

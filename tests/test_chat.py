@@ -15,9 +15,9 @@ import pytest
 import transformers.utils.chat_template_utils as hf_chat
 from transformers import AutoTokenizer
 
-import hardway.chat
-from hardway.chat import ChatTemplate, ChatTemplateError, read_chat_template, read_special_tokens
-from hardway.hub import checkpoint
+import hardway.text.chat
+from hardway.text.chat import ChatTemplate, ChatTemplateError, read_chat_template, read_special_tokens
+from hardway.formats.hub import checkpoint
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LLAMA_TOKENIZER = "meta-llama/Llama-3.2-tokenizer"
@@ -287,7 +287,7 @@ def test_strftime_now_gives_both_the_same_date(templates, monkeypatch):
             return cls(2025, 3, 5, 12, 0, 0)
 
     monkeypatch.setattr(hf_chat, "datetime", FixedClock)
-    monkeypatch.setattr(hardway.chat, "datetime", FixedClock)
+    monkeypatch.setattr(hardway.text.chat, "datetime", FixedClock)
     chat, reference, _ = templates["llama-3.2"]
     messages = CONVERSATIONS["multi-turn with system"]
     text = chat.render(messages, add_generation_prompt=True)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,7 +132,7 @@ print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model)._
                   "logit_scale": full.abs().max().item(), "last_delta": last_delta.max().item(),
                   "last_delta_over_bound": (last_delta / bound).max().item(),
                   "imported_model_modules": sorted(m for m in set(sys.modules) - before
-                                                   if m in ("hardway.gpt2", "hardway.llama"))}))
+                                                   if m in ("hardway.models.gpt2", "hardway.models.llama"))}))
 '''
 
 TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
@@ -154,11 +154,11 @@ def tiny_checkpoint(kind: str, folder: Path) -> Path:
 
 
 CASES = {  # name -> (how to get the folder, the class load must pick)
-    "gpt2-tiny": (lambda tmp: tiny_checkpoint("gpt2", tmp / "gpt2"), "hardway.gpt2.GPT"),
-    "llama-tiny": (lambda tmp: tiny_checkpoint("llama", tmp / "llama"), "hardway.llama.Llama"),
-    "qwen2-tiny": (lambda tmp: tiny_checkpoint("qwen2", tmp / "qwen2"), "hardway.llama.Llama"),
-    "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.gpt2.GPT"),
-    "smollm2-standin": (lambda tmp: checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"), "hardway.llama.Llama"),
+    "gpt2-tiny": (lambda tmp: tiny_checkpoint("gpt2", tmp / "gpt2"), "hardway.models.gpt2.GPT"),
+    "llama-tiny": (lambda tmp: tiny_checkpoint("llama", tmp / "llama"), "hardway.models.llama.Llama"),
+    "qwen2-tiny": (lambda tmp: tiny_checkpoint("qwen2", tmp / "qwen2"), "hardway.models.llama.Llama"),
+    "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.models.gpt2.GPT"),
+    "smollm2-standin": (lambda tmp: checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"), "hardway.models.llama.Llama"),
 }
 
 
@@ -181,7 +181,7 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
     # load imported the model module this checkpoint needs (Llama's imports GPT-2's for the causal mask), no other
     module = expected_class.rsplit(".", 1)[0]
     assert module in facts["imported_model_modules"], facts
-    assert ("hardway.llama" in facts["imported_model_modules"]) == (module == "hardway.llama"), facts
+    assert ("hardway.models.llama" in facts["imported_model_modules"]) == (module == "hardway.models.llama"), facts
 
 
 def test_the_model_table_is_explicit_and_lazy():
@@ -190,8 +190,8 @@ def test_the_model_table_is_explicit_and_lazy():
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     table, imported = json.loads(result.stdout)
-    assert table == {"gpt2": "hardway.gpt2:GPT", "llama": "hardway.llama:Llama", "qwen2": "hardway.llama:Llama"}
-    assert not {"hardway.gpt2", "hardway.llama", "hardway.fast_decode", "hardway.kv_cache"} & set(imported), imported
+    assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama"}
+    assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.kernels.layout", "hardway.decode.kv_cache"} & set(imported), imported
 
 
 def test_no_module_imports_hardway_as_a_whole():

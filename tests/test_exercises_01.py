@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hardway.exercises.lesson_01 import check_corrupt_files, check_load_tensor, check_read_header
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from exercise_solutions import load_solutions
 
 

@@ -4,9 +4,9 @@ plausible wrong answers."""
 
 import pytest
 
-from hardway.bpe import GPT2Tokenizer, UNICODE_TO_BYTE, train_bpe
+from hardway.text.bpe import GPT2Tokenizer, UNICODE_TO_BYTE, train_bpe
 from hardway.exercises.lesson_02 import check_decode, check_encode_with_specials
-from hardway.hub import checkpoint, shakespeare_path
+from hardway.formats.hub import checkpoint, shakespeare_path
 from exercise_solutions import load_solutions
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from transformers import GPT2Model
 
 from hardway.exercises.lesson_03 import check_embed, check_sinusoidal
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from exercise_solutions import load_solutions
 
 

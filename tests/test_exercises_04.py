@@ -6,7 +6,7 @@ import math
 import torch
 
 from hardway.exercises.lesson_04 import check_attention, check_sliding_window_mask, check_split_heads
-from hardway.gpt2 import causal_mask
+from hardway.models.gpt2 import causal_mask
 from exercise_solutions import load_solutions
 
 
@@ -62,9 +62,9 @@ def test_check_sliding_window_mask():
 def test_check_split_heads():
     import json
 
-    from hardway.gpt2 import GPT2Config
-    from hardway.hub import checkpoint
-    from hardway.safetensors import load_file
+    from hardway.models.gpt2 import GPT2Config
+    from hardway.formats.hub import checkpoint
+    from hardway.formats.safetensors import load_file
 
     folder = checkpoint("openai-community/gpt2")
     config = GPT2Config.from_dict(json.loads((folder / "config.json").read_text()))

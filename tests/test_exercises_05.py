@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from hardway.exercises.lesson_05 import check_gelu_new, check_post_norm_block
-from hardway.gpt2 import Block, GPT2Config
+from hardway.models.gpt2 import Block, GPT2Config
 from exercise_solutions import load_solutions
 
 

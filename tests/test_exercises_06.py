@@ -10,7 +10,7 @@ from transformers import GPT2LMHeadModel
 
 import hardway
 from hardway.exercises.lesson_06 import check_gpt2_param_count, check_logit_lens
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from exercise_solutions import load_solutions
 
 

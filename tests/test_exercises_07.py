@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hardway.exercises.lesson_07 import check_min_p, check_no_repeat_ngram, check_token_logprobs
-from hardway.sampling import LogitsProcessor
+from hardway.decode.sampling import LogitsProcessor
 from exercise_solutions import load_solutions
 
 

@@ -7,7 +7,7 @@ import torch
 
 from hardway.exercises.lesson_09 import (check_half_split_to_interleaved_rows, check_interleaved_rope, check_parameter_count,
                                check_repeat_kv)
-from hardway.llama import apply_rope, apply_rope_interleaved, interleave_permutation
+from hardway.models.llama import apply_rope, apply_rope_interleaved, interleave_permutation
 from exercise_solutions import load_solutions
 
 

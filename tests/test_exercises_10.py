@@ -7,7 +7,7 @@ import torch
 
 from hardway.course import STANDIN_ID
 from hardway.exercises.lesson_10 import check_kv_cache_bytes, check_llama_param_count
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from exercise_solutions import load_solutions
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from hardway.exercises.lesson_11 import check_diagnosis, check_find_broken_layer, check_relative_divergence, rounding_only
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.tokenizer import load_tokenizer
-from hardway.verify import DEFAULT_PROMPT, TOLERANCE, first_divergent_layer, hidden_state_diffs, load_reference
+from hardway.text.tokenizer import load_tokenizer
+from hardway.verify.ritual import DEFAULT_PROMPT, TOLERANCE, first_divergent_layer, hidden_state_diffs, load_reference
 from exercise_solutions import load_solutions
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"

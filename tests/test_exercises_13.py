@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import hardway
-from hardway.chat import ChatTemplate, ChatTemplateError
+from hardway.text.chat import ChatTemplate, ChatTemplateError
 from hardway.exercises.lesson_13 import (check_chatml, check_fit_conversation, check_pack,
                                          check_right_padded_next_logits)
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from exercise_solutions import load_solutions
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -4,11 +4,11 @@ stand-in) with the learner's piece in place."""
 
 import pytest
 
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from hardway.exercises.lesson_14 import check_block_manager, check_schedule, check_tokens_this_step
 from hardway.loading import load
-from hardway.serving import ScheduledBatch
-from hardway.tokenizer import load_tokenizer
+from hardway.engine.scheduler import ScheduledBatch
+from hardway.text.tokenizer import load_tokenizer
 from exercise_solutions import load_solutions
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from exercise_solutions import load_solutions
 from hardway.exercises.lesson_15 import check_block_key, check_match_prefix
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.tokenizer import load_tokenizer
+from hardway.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.gguf import smollm2_gguf
+from hardway.formats.gguf import smollm2_gguf
 from hardway.exercises.lesson_16 import (check_data_start, check_int4_bytes, check_int8_row, check_q4_1_block,
                                          check_tensor_bytes)
 

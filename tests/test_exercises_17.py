@@ -7,9 +7,9 @@ import torch
 
 from exercise_solutions import load_solutions
 from hardway.exercises.lesson_17 import check_accept_greedy, check_expected_tokens
-from hardway.hub import checkpoint
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.tokenizer import load_tokenizer
+from hardway.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import torch.nn.functional as F
 
 from exercise_solutions import load_solutions
 from hardway.exercises.lesson_18 import check_bytes_sent, check_mlp_partial, check_shard_qkv
-from hardway.gpt2 import gelu_tanh
-from hardway.hub import checkpoint
+from hardway.models.gpt2 import gelu_tanh
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.tokenizer import load_tokenizer
+from hardway.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,15 @@ from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from hardway.fast_decode import (HUGE_PAGE, StaticDecodeStep, StaticKVCache, decode_layout, empty_on_huge_pages,
-                                 measure_bandwidth, measure_read_bandwidth, roofline_tokens_per_s,
-                                 teacher_forced_agreement)
-from hardway.generation import Decoder, decode_one_token, generate, prefill
-from hardway.kv_cache import KVCache, KVCacheFullError
+from hardway.kernels.layout import HUGE_PAGE, decode_layout, empty_on_huge_pages
+from hardway.decode.static import StaticDecodeStep, StaticKVCache
+from hardway.instruments.roofline import measure_bandwidth, measure_read_bandwidth, roofline_tokens_per_s
+from hardway.instruments.agreement import teacher_forced_agreement
+from hardway.decode.generate import Decoder, decode_one_token, generate, prefill
+from hardway.decode.kv_cache import KVCache, KVCacheFullError
 from hardway.loading import load
-from hardway.memory import weight_bytes
-from hardway.timing import time_interleaved
+from hardway.instruments.memory import weight_bytes
+from hardway.instruments.timing import time_interleaved
 
 
 def save_tiny_models(tmp_path_factory, positions: int = 64) -> dict:
@@ -235,7 +236,7 @@ def test_static_step_is_one_graph_with_eager_tokens_on_tiny_models(tiny_models, 
 
 def test_static_step_is_one_graph_with_eager_tokens_on_smollm2_standin():
     """Real weights, 30 layers: dynamo's graph run as captured ("eager"; AOTAutograd over 30 layers costs minutes)."""
-    from hardway.hub import checkpoint
+    from hardway.formats.hub import checkpoint
 
     model = load(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"))
     assert_static_step_gives_eager_tokens(model, vocab=model.config.vocab_size, prompt_lengths=(1, 6, 13), new_tokens=8,
@@ -372,26 +373,27 @@ def test_hardway_generate_compiles_where_it_pays_and_keeps_the_step(tiny_models,
     inductor), the tokens of eager generate, the same step for the next call of the model; eager=True, a padded
     batch or HARDWAY_EAGER=1: no step."""
     import hardway
-    from hardway import fast_decode
+    from hardway.decode import static
+    from hardway.kernels import compile as compile_kernels
 
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("eager")
-    monkeypatch.setattr(fast_decode, "cpu_step_backend", lambda rows=1: counter)
+    monkeypatch.setattr(compile_kernels, "cpu_step_backend", lambda rows=1: counter)
     model = load(tiny_models["llama"][0])
     ids = prompt(100, T=5, seed=4)
     expected = generate(model, ids, 10, eos_token_id=None)
     monkeypatch.setenv("HARDWAY_EAGER", "1")
     assert torch.equal(hardway.generate(model, ids, max_new_tokens=10, eos_token_id=None), expected)
-    assert counter.frame_count == 0 and model not in fast_decode._SHARED_STEPS
+    assert counter.frame_count == 0 and model not in static._SHARED_STEPS
     monkeypatch.delenv("HARDWAY_EAGER")
     assert torch.equal(hardway.generate(model, ids, max_new_tokens=10, eos_token_id=None, eager=True), expected)
     assert counter.frame_count == 0
     assert torch.equal(hardway.generate(model, ids, max_new_tokens=10, eos_token_id=None), expected)
-    step = fast_decode._SHARED_STEPS[model]
+    step = static._SHARED_STEPS[model]
     assert counter.frame_count == 1 and step.model is None and step.kv_cache.max_len == min(256, model.max_seq_len)
     assert torch.equal(hardway.generate(model, ids[:, :3], max_new_tokens=12, eos_token_id=None),
                        generate(model, ids[:, :3], 12, eos_token_id=None))
-    assert fast_decode._SHARED_STEPS[model] is step and counter.frame_count == 1  # reused: no new graph
+    assert static._SHARED_STEPS[model] is step and counter.frame_count == 1  # reused: no new graph
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA-graphs decode step needs CUDA")
@@ -429,7 +431,7 @@ def test_llama_1b_standin_config_has_llama_3_2_1bs_parameter_count():
     import standins  # tools/, on sys.path through conftest.py
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hardway.llama import Llama, ModelConfig
+    from hardway.models.llama import Llama, ModelConfig
 
     cfg = standins.LLAMA_1B_CONFIG
     with torch.device("meta"):

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hardway.generation import generate
-from hardway.kv_cache import KVCache, KVCacheFullError
-from hardway.sampling import GREEDY, SamplingConfig
+from hardway.decode.generate import generate
+from hardway.decode.kv_cache import KVCache, KVCacheFullError
+from hardway.decode.sampling import GREEDY, SamplingConfig
 
 GPT2 = "openai-community/gpt2"
 PROMPT = [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 780]  # "The quick brown fox jumps over the lazy dog because"
@@ -24,7 +24,7 @@ def ours():
 def reference():
     from transformers import GPT2LMHeadModel
 
-    from hardway.hub import checkpoint
+    from hardway.formats.hub import checkpoint
 
     return GPT2LMHeadModel.from_pretrained(checkpoint(GPT2), dtype=torch.float32).eval()
 
@@ -44,7 +44,7 @@ def prompt(*rows):
 def test_prompt_ids_are_what_the_comments_say():
     from transformers import AutoTokenizer
 
-    from hardway.hub import checkpoint
+    from hardway.formats.hub import checkpoint
 
     tok = AutoTokenizer.from_pretrained(checkpoint(GPT2))
     assert tok.encode("The quick brown fox jumps over the lazy dog because") == PROMPT

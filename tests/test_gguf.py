@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hardway.gguf import GGUFError, dequantize, gguf_checkpoint, read_gguf, smollm2_gguf, unpermute_qk
+from hardway.formats.gguf import GGUFError, dequantize, gguf_checkpoint, read_gguf, smollm2_gguf, unpermute_qk
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
@@ -180,7 +180,7 @@ def test_a_bad_setting_in_the_metadata_names_the_gguf_file(tmp_path):
 def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
     from transformers import AutoTokenizer
 
-    from hardway.gguf import gguf_tokenizer
+    from hardway.formats.gguf import gguf_tokenizer
 
     ours, theirs = gguf_tokenizer(real), AutoTokenizer.from_pretrained(real.parent, gguf_file=real.name)
     text = "<|im_start|>user\nHow many r's in 'strawberry'? 12345 + 678 =<|im_end|>\n  ünïcödé 🙂\t\tend"
@@ -191,7 +191,7 @@ def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
 
 
 def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused(tmp_path):
-    from hardway.gguf import gguf_tokenizer
+    from hardway.formats.gguf import gguf_tokenizer
 
     path = write_small(tmp_path / "spm.gguf", **{"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING)})
     with pytest.raises(GGUFError, match="only 'gpt2'"):
@@ -199,10 +199,10 @@ def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused(tmp_path):
 
 
 def test_load_tokenizer_reads_a_gguf_alone_from_its_metadata(real):
-    from hardway.bpe import GPT2Tokenizer
-    from hardway.gguf import gguf_tokenizer
-    from hardway.hub import checkpoint
-    from hardway.tokenizer import load_tokenizer
+    from hardway.text.bpe import GPT2Tokenizer
+    from hardway.formats.gguf import gguf_tokenizer
+    from hardway.formats.hub import checkpoint
+    from hardway.text.tokenizer import load_tokenizer
 
     assert not (real.parent / "tokenizer.json").exists()  # nothing beside the file
     text = "<|im_start|>user\nHello, world<|im_end|>"
@@ -219,7 +219,7 @@ def test_load_tokenizer_reads_a_gguf_alone_from_its_metadata(real):
 def test_hardway_generate_runs_a_gguf_file(real, capsys):
     import hardway
     from hardway.cli import main
-    from hardway.gguf import gguf_tokenizer
+    from hardway.formats.gguf import gguf_tokenizer
 
     assert main(["generate", "--model", str(real), "The capital of France is", "--max-new-tokens", "6"]) == 0
     tokenizer = gguf_tokenizer(real)

@@ -1,4 +1,4 @@
-"""hardway.gpt2 against transformers' GPT2LMHeadModel on the same files, the cached forward, and loading errors."""
+"""hardway.models.gpt2 against transformers' GPT2LMHeadModel on the same files, the cached forward, and loading errors."""
 
 import json
 import shutil
@@ -11,8 +11,8 @@ from transformers import GPT2Config as HFGPT2Config
 from transformers import GPT2LMHeadModel
 
 from hardway.errors import CheckpointError, ConfigError
-from hardway.gpt2 import GPT, GPT2Config, gelu_tanh
-from hardway.hub import checkpoint
+from hardway.models.gpt2 import GPT, GPT2Config, gelu_tanh
+from hardway.formats.hub import checkpoint
 from hardway.loading import MODEL_CLASSES, forward_once, load, resolve
 
 TOL = 1e-4  # fp32 max |Δ logits| target from the course brief
@@ -153,7 +153,7 @@ def test_cached_forward_equals_uncached(tiny):
     fake = cached_forward(model, ids, FakeCache(c.n_layer, 2, c.n_head, 20, c.head_dim), chunks)
     assert (fake - full).abs().max() <= TOL
     assert torch.equal(fake.argmax(-1), full.argmax(-1))
-    real = cached_forward(model, ids, model.new_kv_cache(2, 20), chunks)  # hardway.kv_cache.KVCache
+    real = cached_forward(model, ids, model.new_kv_cache(2, 20), chunks)  # hardway.decode.kv_cache.KVCache
     assert (real - full).abs().max() <= TOL
 
 

@@ -1,4 +1,4 @@
-"""hardway.hub against a local HTTP server that plays the model hub: sizes, ETags, LFS redirects with X-Linked-Etag
+"""hardway.formats.hub against a local HTTP server that plays the model hub: sizes, ETags, LFS redirects with X-Linked-Etag
 (sha256), Range + If-Range, dropped connections, stalls, 5xx, 401/403/404, and two real processes at once."""
 
 import errno
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-import hardway.hub as hub_module
-from hardway.hub import HubError, checkpoint, download, is_complete, models_dir, shakespeare_path
+import hardway.formats.hub as hub_module
+from hardway.formats.hub import HubError, checkpoint, download, is_complete, models_dir, shakespeare_path
 
 REPO = "some-org/tiny-model"
 WEIGHTS = bytes(range(256)) * 4096  # 1 MiB, every byte position distinguishable
@@ -400,7 +400,7 @@ def test_no_partial_file_under_the_final_name_after_a_failure(hub, tmp_path, mon
 def test_two_processes_downloading_one_repo_at_once(hub, tmp_path):
     hub.add(FILES)
     hub.slow[hub.path("model.safetensors")] = 3.0  # the weights take 3 s: long enough for the two to overlap
-    code = ("import sys, time; from hardway.hub import download; print(time.time(), flush=True); "
+    code = ("import sys, time; from hardway.formats.hub import download; print(time.time(), flush=True); "
             "download(sys.argv[1], local_dir=sys.argv[2]); print('done', flush=True)")
     folder = tmp_path / "m"
     procs = [subprocess.Popen([sys.executable, "-c", code, REPO, str(folder)], stdout=subprocess.PIPE,

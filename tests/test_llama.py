@@ -1,4 +1,4 @@
-"""hardway.llama against transformers' LlamaForCausalLM / Qwen2ForCausalLM.
+"""hardway.models.llama against transformers' LlamaForCausalLM / Qwen2ForCausalLM.
 
 Tiny seeded random models (2 layers, hidden 64, 4 query / 2 key-value heads) cover every variant the course serves:
 plain Llama (SmolLM2), head_dim != hidden/heads, attention biases, Llama 3's rope scaling with a small
@@ -15,11 +15,11 @@ from safetensors.torch import load_file as st_load, save_file as st_save
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from hardway.generation import generate
-from hardway.hub import checkpoint
+from hardway.decode.generate import generate
+from hardway.formats.hub import checkpoint
 from hardway.errors import CheckpointError, ConfigError
 from hardway.loading import eos_token_list, load, read_checkpoint
-from hardway.llama import Llama, ModelConfig, hub_to_hardway_names, rope_inv_freq
+from hardway.models.llama import Llama, ModelConfig, hub_to_hardway_names, rope_inv_freq
 
 def config_of(folder) -> ModelConfig:
     return ModelConfig.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))

@@ -16,16 +16,16 @@ import pytest
 import torch
 
 import hardway
-import hardway.server as server_module
-import hardway.verify as verify_module
-import hardway.verify_server as verify_server_module
+import hardway.server.launch as server_module
+import hardway.verify.ritual as verify_module
+import hardway.verify.server as verify_server_module
 from hardway import cli
-from hardway.chat import ChatTemplate
-from hardway.generation import generate
-from hardway.gguf import smollm2_gguf
-from hardway.hub import checkpoint
+from hardway.text.chat import ChatTemplate
+from hardway.decode.generate import generate
+from hardway.formats.gguf import smollm2_gguf
+from hardway.formats.hub import checkpoint
 from hardway.loading import ModelSource, open_model
-from hardway.verify_server import background_server
+from hardway.server.launch import background_server
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KINDS = ["hub", "folder", "gguf"]

@@ -5,15 +5,18 @@ blocks, and when cached blocks are evicted from a tiny pool; every reference cou
 import pytest
 import torch
 
-import hardway.server
+import hardway.server.launch
 from hardway import cli
-from hardway.generation import generate
-from hardway.hub import checkpoint
+from hardway.decode.generate import generate
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.prefix_cache import PrefixCachingBlockManager, PrefixCachingEngine, block_key
-from hardway.server import EngineThread
-from hardway.serving import Engine, SamplingParams, Scheduler, Sequence
-from hardway.tokenizer import load_tokenizer
+from hardway.engine.block_manager import PrefixCachingBlockManager, block_key
+from hardway.engine.engine import PrefixCachingEngine
+from hardway.server.worker import EngineThread
+from hardway.engine.engine import Engine
+from hardway.engine.sequence import SamplingParams, Sequence
+from hardway.engine.scheduler import Scheduler
+from hardway.text.tokenizer import load_tokenizer
 
 SYSTEM = "You are a careful assistant who answers in one short sentence and says so when unsure. "
 QUESTIONS = ["What is the capital of France?", "Name a prime number.", "What is the capital of France?",
@@ -195,6 +198,6 @@ def test_stats_report_hits_misses_and_the_hit_rate(gpt2):
 @pytest.mark.parametrize("flags, engine_class", [([], PrefixCachingEngine), (["--no-prefix-cache"], Engine)])
 def test_serve_runs_the_prefix_cache_unless_told_not_to(monkeypatch, flags, engine_class):
     chosen = {}
-    monkeypatch.setattr(hardway.server, "serve", lambda *args, **kwargs: chosen.update(kwargs))
+    monkeypatch.setattr(hardway.server.launch, "serve", lambda *args, **kwargs: chosen.update(kwargs))
     assert cli.main(["serve", "--model", "openai-community/gpt2", "--device", "cpu", *flags]) == 0
     assert chosen["engine_class"] is engine_class

@@ -22,8 +22,8 @@ import torch
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 import hardway
-from hardway.sampling import SamplingConfig, sampling_config
-from hardway.speculative import PromptLookupDrafter, speculative_generate
+from hardway.decode.sampling import SamplingConfig, sampling_config
+from hardway.decode.speculative import PromptLookupDrafter, speculative_generate
 from test_fast_decode import save_tiny_models  # tests/ is on sys.path under pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,15 +70,15 @@ def test_every_public_name_imports_in_a_fresh_interpreter():
     """`from hardway import *` and each name by attribute, in a child, so no other test has imported anything first;
     each name is the object of the module the lessons build it in, and `import hardway` alone loads no model code."""
     child = ("import sys, hardway\n"
-             "assert 'hardway.generation' not in sys.modules and 'torch' not in sys.modules, 'import hardway is not lazy'\n"
+             "assert 'hardway.decode.generate' not in sys.modules and 'torch' not in sys.modules, 'import hardway is not lazy'\n"
              "ns = {}\n"
              "exec('from hardway import *', ns)\n"
              "missing = [n for n in hardway.__all__ if n not in ns]\n"
              "assert not missing, missing\n"
-             "import hardway.generation, hardway.loading, hardway.sampling, hardway.tokenizer\n"
-             "import hardway.fast_decode\n"
-             "assert hardway.generate is hardway.fast_decode.fast_generate and hardway.load is hardway.loading.load\n"
-             "assert hardway.SamplingConfig is hardway.sampling.SamplingConfig\n"
+             "import hardway.decode.generate, hardway.loading, hardway.decode.sampling, hardway.text.tokenizer\n"
+             "import hardway.decode.static\n"
+             "assert hardway.generate is hardway.decode.static.fast_generate and hardway.load is hardway.loading.load\n"
+             "assert hardway.SamplingConfig is hardway.decode.sampling.SamplingConfig\n"
              "print(sorted(hardway.__all__))\n")
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -239,7 +239,7 @@ def test_both_spellings_in_one_call_are_refused_naming_both(tiny):
         speculative_generate(model, ids, PromptLookupDrafter(), 2, 5, SamplingConfig(), temperature=0.7)
     with pytest.raises(ValueError, match="do_sample must be True or False"):
         hardway.generate(model, ids, 5, do_sample="yes")
-    with pytest.raises(ValueError, match="must be a hardway.sampling.SamplingConfig"):
+    with pytest.raises(ValueError, match="must be a hardway.decode.sampling.SamplingConfig"):
         hardway.generate(model, ids, 5, True)  # do_sample given as the fourth argument
 
 
@@ -346,7 +346,7 @@ def test_load_takes_device_and_dtype_by_name_and_refuses_others(tiny):
 
 def test_load_tokenizer_takes_what_load_takes():
     """A hub repo id (the stand-in here) or its folder: the same tokenizer."""
-    from hardway.hub import checkpoint
+    from hardway.formats.hub import checkpoint
 
     by_id = hardway.load_tokenizer("openai-community/gpt2")
     by_folder = hardway.load_tokenizer(checkpoint("openai-community/gpt2"))

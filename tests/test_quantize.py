@@ -12,14 +12,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hardway
-from hardway.c_loops import c_loops_available, c_loops_quantize_activations, group_c_loops, is_c_loop
-from hardway.fast_decode import StaticDecodeStep
-from hardway.gguf import read_gguf, smollm2_gguf
-from hardway.hub import checkpoint
-from hardway.llama import Llama, ModelConfig
-from hardway.quantize import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks,
-                              gguf_quantized, matvec_int4, pack_nibbles, quantize_activations, quantize_int4,
-                              quantize_int8, quantize_linears, round_activations, unpack_nibbles, weights_nbytes)
+from hardway.kernels.c_loops import c_loops_available, c_loops_quantize_activations, group_c_loops, is_c_loop
+from hardway.decode.static import StaticDecodeStep
+from hardway.formats.gguf import read_gguf, smollm2_gguf
+from hardway.formats.hub import checkpoint
+from hardway.models.llama import Llama, ModelConfig
+from hardway.kernels.quantized import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks, gguf_quantized, matvec_int4, pack_nibbles, quantize_activations, quantize_int4, quantize_int8, quantize_linears, round_activations, unpack_nibbles, weights_nbytes)
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +177,7 @@ def test_int8_per_row_agrees_with_torchaos_int8_weight_only(real):
     pytest.importorskip("torchao", reason="torchao is not installed (see the docstring)")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    from hardway.gguf import dequantize
+    from hardway.formats.gguf import dequantize
 
     w = dequantize(read_gguf(real), "blk.3.ffn_down.weight").reshape(576, 1536)  # (out, in): a real matrix
     linear = nn.Linear(1536, 576, bias=False)
@@ -347,7 +345,7 @@ def test_a_grouped_decode_step_makes_four_c_calls_a_block_and_the_same_logits(bi
 
 
 def test_use_c_loop_without_a_compiler_says_so(monkeypatch):
-    from hardway import c_loops
+    from hardway.kernels import c_loops
     monkeypatch.setattr(c_loops, "c_library", lambda: None)  # what a machine without a compiler gets
     with pytest.raises(QuantizationError, match="no C compiler"):
         QuantizedLinear.from_linear(nn.Linear(64, 8), 8).use_c_loop()

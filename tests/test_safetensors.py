@@ -1,4 +1,4 @@
-"""hardway.safetensors against the safetensors library, and against files built by hand to be broken."""
+"""hardway.formats.safetensors against the safetensors library, and against files built by hand to be broken."""
 
 import gc
 import json
@@ -11,8 +11,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file as lib_load_file
 from safetensors.torch import save_file
 
-from hardway.hub import models_dir
-from hardway.safetensors import DTYPES, SafetensorsError, load_checkpoint, load_file, read_header
+from hardway.formats.hub import models_dir
+from hardway.formats.safetensors import DTYPES, SafetensorsError, load_checkpoint, load_file, read_header
 
 SHAPES = [(), (0,), (3, 0, 2), (7,), (2, 3, 5)]
 

@@ -4,15 +4,7 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from hardway.sampling import (
-    LogitsProcessorList,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    build_processors,
-    sample_next_token,
-)
+from hardway.decode.sampling import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, build_processors, sample_next_token)
 
 V = 1000
 

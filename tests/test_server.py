@@ -20,11 +20,11 @@ import pytest
 import torch
 from openai import OpenAI
 
-from hardway.chat import ChatTemplate
-from hardway.generation import generate
-from hardway.hub import checkpoint
+from hardway.text.chat import ChatTemplate
+from hardway.decode.generate import generate
+from hardway.formats.hub import checkpoint
 from hardway.loading import ModelSource, load
-from hardway.tokenizer import load_tokenizer
+from hardway.text.tokenizer import load_tokenizer
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GPT2 = "openai-community/gpt2"
@@ -359,7 +359,7 @@ def test_cli_port_in_use_is_one_line_and_exit_2():
 
 
 def test_in_a_thread_of_its_own_returns_and_raises_from_another_thread():
-    from hardway.server import in_a_thread_of_its_own
+    from hardway.server.launch import in_a_thread_of_its_own
     assert in_a_thread_of_its_own(threading.current_thread) is not threading.main_thread()
     with pytest.raises(OSError, match="no such model"):
         in_a_thread_of_its_own(lambda: (_ for _ in ()).throw(OSError("no such model")))
@@ -369,7 +369,7 @@ def test_serve_computes_nothing_in_the_main_thread(monkeypatch):
     """The model loads and the engine is built (its decode steps compiled) outside the main thread, which then never
     runs a parallel loop of its own: else libgomp sees two teams on these cores and the engine thread's workers stop
     spinning between loops (lesson 14, "One thread computes")."""
-    import hardway.server as server
+    import hardway.server.launch as server
 
     built_in = {}
 
@@ -406,10 +406,10 @@ def test_each_streamed_chunk_carries_the_tokens_and_logprobs_of_its_own_text(mon
     read the engine's live sequence then would send tokens of later steps than its text."""
     import uvicorn
 
-    from hardway import server as server_module
-    from hardway.server import create_app
-    from hardway.serving import Engine
-    from hardway.streaming import Detokenizer
+    from hardway.server import worker as server_module
+    from hardway.server.app import create_app
+    from hardway.engine.engine import Engine
+    from hardway.text.detokenizer import Detokenizer
 
     put_each, step, n_steps = server_module.put_each, Engine.step, [0]
 

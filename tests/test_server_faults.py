@@ -21,12 +21,13 @@ import uvicorn
 from fastapi.testclient import TestClient
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hardway.chat import ChatTemplate
-from hardway.hub import checkpoint
+from hardway.text.chat import ChatTemplate
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.server import create_app
-from hardway.serving import Engine, ModelRunner
-from hardway.tokenizer import load_tokenizer
+from hardway.server.app import create_app
+from hardway.engine.engine import Engine
+from hardway.engine.model_runner import ModelRunner
+from hardway.text.tokenizer import load_tokenizer
 from test_server import GPT2, HARDWAY, PROMPTS, SMOLLM2, alone, free_port
 
 GOOD = PROMPTS[1]   # the stream that runs beside every bad request

@@ -9,16 +9,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hardway.generation import generate
-from hardway.hub import checkpoint
-from hardway.kv_cache import KVCache
+from hardway.decode.generate import generate
+from hardway.formats.hub import checkpoint
+from hardway.decode.kv_cache import KVCache
 from hardway.loading import load
-from hardway.sampling import SamplingConfig
-from hardway.serving import (BlockManager, Engine, MergedAttention, MergedMLP, ModelRunner, OneDNNLinear,
-                             OutputProcessor, PagedKVCache, PoolTooSmallError, SamplingParams, Scheduler, Sequence,
-                             apply_stop, slot_of)
-from hardway.streaming import Detokenizer
-from hardway.tokenizer import load_tokenizer
+from hardway.decode.sampling import SamplingConfig
+from hardway.engine.block_manager import BlockManager, PoolTooSmallError, slot_of
+from hardway.engine.engine import Engine
+from hardway.kernels.onednn import MergedAttention, MergedMLP, OneDNNLinear
+from hardway.engine.model_runner import ModelRunner
+from hardway.engine.output import OutputProcessor, apply_stop
+from hardway.engine.paged_cache import PagedKVCache
+from hardway.engine.sequence import SamplingParams, Sequence
+from hardway.engine.scheduler import Scheduler
+from hardway.text.detokenizer import Detokenizer
+from hardway.text.tokenizer import load_tokenizer
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a", "def fib(n):",
            "1, 2, 3, 4,"]

@@ -12,18 +12,18 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hardway.fast_decode import StaticDecodeStep, rows_times_matrix  # lesson 12 (lesson 17 verifies with the latter)
-from hardway.generation import generate
-from hardway.hub import checkpoint
+from hardway.decode.static import StaticDecodeStep  # lesson 12 (lesson 17 verifies with the latter)
+from hardway.kernels.compile import rows_times_matrix
+from hardway.decode.generate import generate
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.quantize import quantize_linears
-from hardway.sampling import SamplingConfig
-from hardway.serving import OneDNNLinear
-from hardway.speculative import (CompiledVerifier, CostAwareGuesses, Draft, Drafter, HeuristicGuesses, ModelDrafter,
-                                 PromptLookupDrafter, SpeculationStats, Verifier, accept_greedy, accept_sampled,
-                                 chi_square_test, draw_two_tokens, int8_drafter, measure_verify_costs,
-                                 speculative_generate, two_token_tables)
-from hardway.tokenizer import load_tokenizer
+from hardway.kernels.quantized import quantize_linears
+from hardway.decode.sampling import SamplingConfig
+from hardway.kernels.onednn import OneDNNLinear
+from hardway.decode.speculative import (CompiledVerifier, Draft, Drafter, ModelDrafter, PromptLookupDrafter, SpeculationStats, Verifier, accept_greedy, accept_sampled, int8_drafter, speculative_generate)
+from hardway.instruments.speculation import CostAwareGuesses, HeuristicGuesses, measure_verify_costs
+from hardway.instruments.distributions import chi_square_test, draw_two_tokens, two_token_tables
+from hardway.text.tokenizer import load_tokenizer
 
 FALSE_ALARM = 1e-3  # a right rule fails a chi-square test at this threshold once in a thousand independent draws
 

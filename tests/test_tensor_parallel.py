@@ -6,12 +6,11 @@ import copy
 import pytest
 import torch
 
-from hardway.generation import generate
-from hardway.hub import checkpoint
+from hardway.decode.generate import generate
+from hardway.formats.hub import checkpoint
 from hardway.loading import forward_once, load
-from hardway.tensor_parallel import (attention_partial, check_divisible, mlp_partial, run_tensor_parallel, shard_block,
-                                     shard_gpt2, tp_forward)
-from hardway.tokenizer import load_tokenizer
+from hardway.tensor_parallel import (attention_partial, check_divisible, mlp_partial, run_tensor_parallel, shard_block, shard_gpt2, tp_forward)
+from hardway.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from hardway.bpe import CACHE_MAX_CHARS, BPETokenizer, split_isolated
-from hardway.hub import checkpoint, shakespeare_path
+from hardway.text.bpe import CACHE_MAX_CHARS, BPETokenizer, split_isolated
+from hardway.formats.hub import checkpoint, shakespeare_path
 from test_bpe import ANY_CHARACTER, NEWER  # the same characters as the BPE tests
 
 REPOS = ["meta-llama/Llama-3.2-tokenizer", "HuggingFaceTB/SmolLM2-135M-Instruct"]

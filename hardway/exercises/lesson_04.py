@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transformers.masking_utils import sliding_window_causal_mask_function
 
 from hardway.exercises.verdict import attempt, exercise_check, expect_tensor
-from hardway.gpt2 import CausalSelfAttention, causal_mask
+from hardway.models.gpt2 import CausalSelfAttention, causal_mask
 
 
 @exercise_check

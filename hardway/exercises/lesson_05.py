@@ -7,7 +7,7 @@ import torch.nn as nn
 from transformers.activations import ACT2FN
 
 from hardway.exercises.verdict import attempt, exercise_check, expect_tensor
-from hardway.gpt2 import causal_mask, gelu_tanh
+from hardway.models.gpt2 import causal_mask, gelu_tanh
 
 
 @exercise_check

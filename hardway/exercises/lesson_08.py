@@ -6,8 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check, expect_tensor
-from hardway.generation import generate
-from hardway.kv_cache import KVCache
+from hardway.decode.generate import generate
+from hardway.decode.kv_cache import KVCache
 
 
 class _CountingModel:

@@ -8,7 +8,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from transformers.models.llama.modeling_llama import repeat_kv as hf_repeat_kv
 
 from hardway.exercises.verdict import attempt, exercise_check, expect_tensor
-from hardway.llama import apply_rope_interleaved, interleave_permutation
+from hardway.models.llama import apply_rope_interleaved, interleave_permutation
 
 
 def _hf_cos_sin(head_dim: int, positions: torch.Tensor, theta: float = 10000.0):

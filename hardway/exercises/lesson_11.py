@@ -8,10 +8,10 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-import hardway.llama as llama_module
+import hardway.models.llama as llama_module
 from hardway.exercises.verdict import attempt, exercise_check
-from hardway.llama import apply_rope_interleaved  # lesson 09: RoPE on the pairs (2i, 2i + 1)
-from hardway.verify import comparison_attention, relative_divergence
+from hardway.models.llama import apply_rope_interleaved  # lesson 09: RoPE on the pairs (2i, 2i + 1)
+from hardway.verify.ritual import comparison_attention, relative_divergence
 
 
 def attention_without_causal_mask(q, k, v, mask=None):  # every position attends to every other, the future included
@@ -72,7 +72,7 @@ def broken(model, cause):
 @exercise_check
 def check_relative_divergence(my_relative_divergence) -> str:
     """Lesson 11, exercise 1: my_relative_divergence(h, h_ref) (B, T, C) twice -> (B, T) fp32, as
-    hardway.verify.relative_divergence."""
+    hardway.verify.ritual.relative_divergence."""
     g = torch.Generator().manual_seed(11)
     h_ref = torch.randn(2, 5, 64, generator=g)  # (B, T, C)
     noise = torch.randn(2, 5, 64, generator=g)  # (B, T, C)
@@ -94,7 +94,7 @@ def check_relative_divergence(my_relative_divergence) -> str:
             b, t = divmod(int((got - expected).abs().argmax()), expected.shape[1])
             return (f"wrong: on '{name}' at batch row {b}, position {t}: expected {expected[b, t].item():.6g}, "
                     f"got {got[b, t].item():.6g}")
-    return f"right: {len(cases)} cases equal to hardway.verify.relative_divergence"
+    return f"right: {len(cases)} cases equal to hardway.verify.ritual.relative_divergence"
 
 
 @exercise_check

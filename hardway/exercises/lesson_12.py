@@ -5,10 +5,10 @@ recompiles, checked against what it does."""
 import torch
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check
-from hardway.fast_decode import roofline_tokens_per_s
-from hardway.kv_cache import kv_cache_bytes_per_token
-from hardway.llama import Llama, ModelConfig
-from hardway.memory import weight_bytes
+from hardway.instruments.roofline import roofline_tokens_per_s
+from hardway.decode.kv_cache import kv_cache_bytes_per_token
+from hardway.models.llama import Llama, ModelConfig
+from hardway.instruments.memory import weight_bytes
 
 
 def _small_llama():

@@ -6,7 +6,7 @@ and the model on each prompt alone)."""
 import torch
 import torch.nn.functional as F
 
-from hardway.chat import ChatTemplate, ChatTemplateError, fit_conversation
+from hardway.text.chat import ChatTemplate, ChatTemplateError, fit_conversation
 from hardway.exercises.verdict import Wrong, attempt, exercise_check, expect_tensor
 
 CHECK_CONVERSATIONS = [

@@ -7,8 +7,10 @@ from __future__ import annotations
 import torch
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check
-from hardway.generation import generate
-from hardway.serving import Engine, SamplingParams, ScheduledBatch, Scheduler, Sequence
+from hardway.decode.generate import generate
+from hardway.engine.engine import Engine
+from hardway.engine.sequence import SamplingParams, Sequence
+from hardway.engine.scheduler import ScheduledBatch, Scheduler
 
 CHECK_PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a", "def fib(n):",
                  "1, 2, 3, 4,"]

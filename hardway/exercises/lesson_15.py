@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check
-from hardway.generation import generate
-from hardway.prefix_cache import PrefixCachingBlockManager, block_key
-from hardway.serving import Engine, SamplingParams, Sequence
+from hardway.decode.generate import generate
+from hardway.engine.block_manager import PrefixCachingBlockManager, block_key
+from hardway.engine.engine import Engine
+from hardway.engine.sequence import SamplingParams, Sequence
 
 CHECK_SYSTEM = "You are a careful assistant. Answer in one short sentence, and say so when you do not know. "
 CHECK_QUESTIONS = ["What is the capital of France?", "Name a prime number.", "What is the capital of France?",

@@ -9,9 +9,9 @@ import tempfile
 import torch
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check
-from hardway.generation import generate
+from hardway.decode.generate import generate
 from hardway.loading import load
-from hardway.speculative import Draft, Drafter, PromptLookupDrafter, SpeculationStats, speculative_generate
+from hardway.decode.speculative import Draft, Drafter, PromptLookupDrafter, SpeculationStats, speculative_generate
 
 
 @exercise_check
