@@ -170,6 +170,9 @@ def cmd_chat(args) -> int:
                      system=args.system, **sampling)
 
 
+DEFAULT_COMPILE_SIZES = (1, 8, 16)  # `hardway serve`'s compiled decode steps where compiling pays
+
+
 def _batch_sizes(text: str, max_batch: int) -> tuple[int, ...]:
     """--compile's "1,4,8" -> (1, 4, 8), each a batch size from 1 to --max-batch."""
     try:
@@ -190,9 +193,10 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if not 0 <= args.grace <= 3600:  # also refuses nan
         raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
-    # --compile SIZES: these batch sizes; by default the step of one request alone where compiling pays (CPU, fp32)
+    # --compile SIZES: these batch sizes; by default, where compiling pays (CPU, fp32), the sizes measured fastest on
+    # the course's CPU against vLLM (docs/serving.md): one request alone, 8 and 16 at once (up to --max-batch)
     compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else \
-        ((1,) if compile_pays(device, dtype) else ())
+        (tuple(n for n in DEFAULT_COMPILE_SIZES if n <= args.max_batch) if compile_pays(device, dtype) else ())
     with contextlib.redirect_stdout(sys.stderr):
         source = open_model(args.model)  # lesson 06: a missing or unreadable model is one line, before the banner
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
@@ -268,8 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
     s.add_argument("--eager", action="store_true",
-                   help="compile nothing: a quick start (by default, on CPU in fp32, the decode step of one request "
-                        "alone is compiled before serving, as fast as lesson 12's compiled step)")
+                   help="compile nothing: a quick start (by default, on CPU in fp32, the decode steps of 1, 8 and 16 "
+                        "requests are compiled before serving, once: the compiled code is cached on disk)")
     s.add_argument("--compile", nargs="?", const="1", default=None, metavar="SIZES",
                    help="compile the decode steps of these batch sizes (1,8,16; alone: 1) before serving: about a "
                         "minute per size the first time, cached on disk; `benchmarks/serve.py --compile SIZES` "
