@@ -14,7 +14,8 @@ bandwidth is measured by a large sum (what decoding does) in the same interleave
 sees the same background load, next to the copy figure (reads and writes, measured after).
 
 `--compile`: hardway's static-shape compiled decode step (lesson 12): on CPU inductor with the matrix-vector products as
-streaming sums, on CUDA replayed as one CUDA graph; its first call, the compilation, is timed. `--gemv`: the GB/s of
+streaming sums, on CUDA replayed as one CUDA graph; its first call, the compilation, is timed; and `hardway.generate`
+with no flags on a model as `hardway.load` lays it out by default (what a user runs: compiled where it pays). `--gemv`: the GB/s of
 each matrix-vector kernel on the model's own matrix shapes. `--llama-cpp GGUF`: llama.cpp on that file, when the
 `llama_cpp` module is importable (`--llama-cpp-path` adds a folder, e.g. a separate venv's site-packages, at the end
 of the import path). `--one-thread`: also the compiled step (compiled again, on one thread) and llama.cpp on one
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hardway
 from hardway.decode.static import StaticDecodeStep
 from hardway.kernels.compile import cpu_decode_backend, matvec_as_sum
 from hardway.kernels.layout import lay_out_for_decode
@@ -157,6 +159,13 @@ def main(argv=None) -> float:
         step.generate(ids, n, eos_token_id=None)  # the first call compiles
         compile_s = time.perf_counter() - started
         fns["hardway compiled"] = lambda: step.generate(ids, n, eos_token_id=None)
+        # hardway.generate with no flags, on a model as hardway.load lays it out by default: what a user runs
+        default_model = load(folder, device=args.device, dtype=dtype)
+        started = time.perf_counter()
+        hardway.generate(default_model, ids, max_new_tokens=n, eos_token_id=None)  # compiles where it pays
+        default_first_s = time.perf_counter() - started
+        fns["hardway.generate (defaults)"] = lambda: hardway.generate(default_model, ids, max_new_tokens=n,
+                                                                      eos_token_id=None)
     if args.llama_cpp:
         llama_run = llama_cpp_generate(args.llama_cpp, args.llama_cpp_path, args.threads)
         fns["llama.cpp"] = lambda: llama_run(ids.cpu(), n)
@@ -216,6 +225,8 @@ def main(argv=None) -> float:
     if compile_s is not None:
         print(f"compiled step: first call {compile_s:.1f} s (compilation + one generation of "
               f"{n / tps['hardway compiled']:.1f} s)")
+        print(f"hardway.generate (defaults): first call {default_first_s:.1f} s (compiles on first use, or reads the "
+              f"compile cache)")
     if compile_1_s is not None:
         print(f"compiled step, 1 thread: first call {compile_1_s:.1f} s")
     if args.gemv and args.device == "cpu" and dtype == torch.float32:
@@ -223,6 +234,9 @@ def main(argv=None) -> float:
     best = "hardway compiled" if args.compile else "hardway"
     if args.llama_cpp:
         print(f"ratio {best} / llama.cpp: {tps[best] / tps['llama.cpp']:.2f}")
+        if args.compile:
+            print(f"ratio hardway.generate (defaults) / llama.cpp: "
+                  f"{tps['hardway.generate (defaults)'] / tps['llama.cpp']:.2f}")
     if "hardway compiled, 1 thread" in tps and "llama.cpp, 1 thread" in tps:
         print(f"ratio hardway compiled / llama.cpp, 1 thread: "
               f"{tps['hardway compiled, 1 thread'] / tps['llama.cpp, 1 thread']:.2f}")
