@@ -9,7 +9,8 @@
 
 These six names (`__all__`) are the public API, written down with their promises in docs/api.md: a documented call
 keeps working. Every model `load` returns meets one contract, `hardway.CausalLM` (lesson 06). Module paths
-(`hardway.decode.generate`, `hardway.fast_decode`, ...) are the lessons' own code and change with them.
+(`hardway.decode.generate`, `hardway.engine.scheduler`, ...) are the lessons' own code, laid out by responsibility
+(docs/layout.md), and change with them.
 
 This file is the only hand-written module: it re-exports the public API, each name imported on first use so that
 `import hardway` stays cheap. Everything else in hardway/ is generated from notebooks/ by tools/export.py.
