@@ -488,7 +488,8 @@ def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch,
     generation (the "eager" backend): what is checked is the wiring, not inductor's code."""
     import shutil
 
-    from hardway import cli, fast_decode
+    from hardway import cli
+    from hardway.kernels import compile as compile_kernels
 
     standin = checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct")
     torch.manual_seed(0)
@@ -501,7 +502,7 @@ def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch,
     capsys.readouterr()  # the stand-in's banner, printed once per process by checkpoint()
     verify_graphs = CompileCounterWithBackend("eager")
     # lesson 12's compiled_step picks the CPU backend by the rows of a step: one row "eager", k + 1 rows counted
-    monkeypatch.setattr(fast_decode, "cpu_step_backend", lambda rows=1: "eager" if rows == 1 else verify_graphs)
+    monkeypatch.setattr(compile_kernels, "cpu_step_backend", lambda rows=1: "eager" if rows == 1 else verify_graphs)
     base = ["generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "12",
             "one two three one two three one two"]
     assert cli.main(base) == 0

@@ -246,8 +246,8 @@ def eager_compiled_steps(monkeypatch) -> list:
     made = []
 
     class EagerBackendStep(fast_decode.StaticDecodeStep):
-        def __init__(self, model, max_len, **kwargs):
-            super().__init__(model, max_len, backend="eager", **kwargs)
+        def __init__(self, model, max_len, batch_size=1, **kwargs):
+            super().__init__(model, max_len, batch_size, backend="eager", **kwargs)
             made.append(self)
 
     monkeypatch.setattr(fast_decode, "StaticDecodeStep", EagerBackendStep)
@@ -265,7 +265,8 @@ def test_generate_compile_streams_the_same_text_through_the_compiled_step(pair, 
     torch._dynamo.reset()
     assert cli.main(argv + ["--compile"]) == 0
     assert capsys.readouterr().out == eager_text
-    assert len(made) == 1 and made[0].kv_cache.max_len == len(tok.encode(prompt)) + 12
+    # hardway.generate's shared step: a static cache of at least 256 positions (a power of two), reused by later calls
+    assert len(made) == 1 and made[0].kv_cache.max_len == 256 >= len(tok.encode(prompt)) + 12
 
 
 def test_check_greedy_with_the_compiled_step_passes_and_says_so(pair, monkeypatch):
