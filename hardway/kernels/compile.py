@@ -53,8 +53,8 @@ def matvec_as_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def cpu_decode_backend(graph_module, example_inputs, max_rows: int = 1, product=matvec_as_sum):
     """A torch.compile backend: inductor, with every matmul of at most `max_rows` rows on CPU lowered by `product`:
-    by default the one-row ones, by matvec_as_sum (lesson 17 passes a product of a few rows)."""
-    # Imported here, not at the top: hardway.load imports this module, and inductor takes seconds to import.
+    by default the one-row ones, by matvec_as_sum (cpu_step_backend passes rows_times_matrix for a few rows)."""
+    # Imported here, not at the top: inductor takes seconds to import, and only a compilation needs it.
     from torch._inductor.compile_fx import compile_fx  # inductor's entry point, which takes a decomposition table
     from torch._inductor.decomposition import select_decomp_table
 
