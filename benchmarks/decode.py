@@ -4,11 +4,15 @@
     uv run python benchmarks/decode.py --model HuggingFaceTB/SmolLM2-135M-Instruct --compile --gemv \\
         --llama-cpp smollm2-135m-f32.gguf --llama-cpp-path PEER_VENV/lib/python3.11/site-packages
     uv run python benchmarks/decode.py --model HuggingFaceTB/SmolLM2-135M-Instruct --device cuda --dtype bfloat16 --compile
+    uv run python benchmarks/decode.py --model standins/gguf/gemma-3-270m-q4_k_m.gguf --compile \
+        --llama-cpp standins/gguf/gemma-3-270m-q4_k_m.gguf --llama-cpp-path PEER_VENV/lib/python3.11/site-packages
 
-Every engine runs on the same checkpoint (llama.cpp on an F32 GGUF converted from the same folder: the README says how),
-the same prompt ids, greedy, a fixed number of new tokens (EOS disabled everywhere), with a full-length warm-up and
-several interleaved repetitions (CUDA events on a GPU); tokens must be identical to transformers', or the run prints its
-speeds anyway and then exits with status 1. It prints tokens/s (medians), each engine's share of the roofline and the
+Every engine runs on the same checkpoint (llama.cpp on an F32 GGUF converted from the same folder, docs/performance.md
+says how; or, for a `.gguf` model, on that very file, which hardway and transformers dequantize at load), the same
+prompt ids, greedy, a fixed number of new tokens (EOS disabled everywhere), with a full-length warm-up and several
+interleaved repetitions (CUDA events on a GPU); hardway's tokens must be identical to transformers', or the run prints
+its speeds anyway and then exits with status 1 (llama.cpp's are reported: on a quantized file it computes on the
+quantized blocks). It prints tokens/s (medians), each engine's share of the roofline and the
 ratios. Batch-1 decoding reads every weight once per token, so tok/s <= read bandwidth / weight bytes; the read
 bandwidth is measured by a large sum (what decoding does) in the same interleaved rounds as the engines, so that it
 sees the same background load, next to the copy figure (reads and writes, measured after).
@@ -43,17 +47,18 @@ from hardway.kernels.compile import cpu_decode_backend, matvec_as_sum
 from hardway.kernels.layout import lay_out_for_decode
 from hardway.instruments.roofline import measure_bandwidth, roofline_tokens_per_s
 from hardway.decode.generate import decode_one_token, generate, prefill  # noqa: E402
-from hardway.formats.hub import checkpoint, shakespeare_path  # noqa: E402
-from hardway.loading import DTYPE_NAMES, load  # noqa: E402  (DTYPE_NAMES: the names the CLI accepts)
+from hardway.formats.hub import shakespeare_path  # noqa: E402
+from hardway.loading import DTYPE_NAMES, ModelSource, load, open_model  # noqa: E402  (DTYPE_NAMES: the CLI's names)
 from hardway.instruments.memory import weight_bytes  # noqa: E402
 from hardway.instruments.timing import time_interleaved  # noqa: E402
 
 
-def prompt_ids(folder: Path, n_tokens: int) -> torch.Tensor:
-    """The first n tokens of the course's English text, tokenized by the checkpoint's own tokenizer."""
+def prompt_ids(source: ModelSource, n_tokens: int) -> torch.Tensor:
+    """The first n tokens of the course's English text, tokenized by transformers' tokenizer of the same model."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    folder, gguf = source.from_pretrained_args()
+    tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
     text = shakespeare_path().read_text(encoding="utf-8")[:20_000]
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :n_tokens]
     if ids.shape[1] < n_tokens:
@@ -118,7 +123,7 @@ def gemv_table(model, bandwidth: float, threads: int, reps: int = 5) -> None:
 
 def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="hub id or local folder")
+    parser.add_argument("--model", required=True, help="hub id, local folder or .gguf file")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -139,9 +144,10 @@ def main(argv=None) -> float:
 
     from transformers import AutoModelForCausalLM
 
-    folder = checkpoint(args.model)
+    folder = open_model(args.model)  # a .gguf: transformers dequantizes the same file (gguf_file=), hardway too
     ids = prompt_ids(folder, args.prompt_tokens).to(args.device)
-    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval()
+    reference_folder, gguf = folder.from_pretrained_args()
+    theirs = AutoModelForCausalLM.from_pretrained(reference_folder, dtype=dtype, **gguf).to(args.device).eval()
     ours = lay_out_for_decode(load(folder, device=args.device, dtype=dtype), compiled=False)  # eager: its layout
     n = args.new_tokens
 
@@ -244,8 +250,11 @@ def main(argv=None) -> float:
         print(f"ratio hardway compiled / eager: {tps['hardway compiled'] / tps['hardway']:.2f}")
     ratio = tps[best] / tps["transformers"]
     print(f"ratio {best} / transformers: {ratio:.2f}")
-    if not all(same.values()):  # the speeds are printed, but a fast wrong answer is a failure
-        raise SystemExit(f"FAIL: different tokens from transformers': {[k for k, v in same.items() if not v]}")
+    # The speeds are printed, but a fast wrong answer is a failure. llama.cpp is a peer timed on its own arithmetic
+    # (on a quantized file it multiplies quantized blocks, so its tokens may differ): reported, not failed.
+    wrong = [k for k, v in same.items() if not v and not k.startswith("llama.cpp")]
+    if wrong:
+        raise SystemExit(f"FAIL: different tokens from transformers': {wrong}")
     return ratio
 
 
