@@ -123,10 +123,9 @@ def test_an_array_longer_than_the_file(tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    weights = np.zeros((2, 256), dtype=np.float32)
-    packed = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q5_0)
-    path = write_small(tmp_path / "q5.gguf", {"w": (packed, gguf.GGMLQuantizationType.Q5_0)})
-    assert "type id 6" in refused(tmp_path, path.read_bytes())
+    packed = np.zeros((2, 18 * 8), dtype=np.uint8)  # 2 rows of 8 IQ4_NL blocks (18 bytes each): a type we do not read
+    path = write_small(tmp_path / "iq4.gguf", {"w": (packed, gguf.GGMLQuantizationType.IQ4_NL)})
+    assert "type id 20" in refused(tmp_path, path.read_bytes())
 
 
 def test_misaligned_and_out_of_range_offsets(tmp_path):
@@ -190,10 +189,10 @@ def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
     assert ours.decode(ids) == theirs.decode(ids) == text
 
 
-def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused(tmp_path):
+def test_a_tokenizer_that_is_not_bpe_is_refused(tmp_path):
     from hardway.formats.gguf import gguf_tokenizer
 
-    path = write_small(tmp_path / "spm.gguf", **{"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING)})
+    path = write_small(tmp_path / "wp.gguf", **{"tokenizer.ggml.model": ("bert", gguf.GGUFValueType.STRING)})
     with pytest.raises(GGUFError, match="only 'gpt2'"):
         gguf_tokenizer(path)
 

@@ -191,6 +191,7 @@ def dequantize_q3_k(raw: torch.Tensor) -> torch.Tensor:
 
 
 DEQUANTIZE.update({
+    "BF16": lambda raw: raw.view(torch.bfloat16).float(),
     "Q5_0": dequantize_q5_0, "Q5_1": dequantize_q5_1,
     "Q2_K": dequantize_q2_k, "Q3_K": dequantize_q3_k, "Q4_K": dequantize_q4_k, "Q5_K": dequantize_q5_k,
     "Q6_K": dequantize_q6_k,
