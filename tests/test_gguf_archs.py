@@ -38,6 +38,9 @@ def compare(path, needed_keys):
     shared = [k for k in ours.config if k in theirs and k not in NOT_IN_TRANSFORMERS]
     different = {k: (ours.config[k], theirs[k]) for k in shared if not same_value(ours.config[k], theirs[k])}
     assert not different
+    rope = theirs.get("rope_parameters") or {}
+    if "rope_theta" in rope:  # one RoPE for every layer: transformers 5 keeps config.json's rope_theta in there
+        assert same_value(ours.config["rope_theta"], rope["rope_theta"])
     state = {k: v for k, v in model.state_dict().items()
              if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
     assert ours.tensors.keys() == state.keys(), sorted(ours.tensors.keys() ^ state.keys())[:5]
@@ -65,10 +68,13 @@ def test_gemma3_270m_is_transformers_reading():
     assert ours.tensors["model.norm.weight"].mean().abs() < ours.tensors["model.norm.weight"].add(1).mean().abs()
 
 
-def write_qwen3(path, moe: bool):
-    """A tiny random Qwen3 (or Qwen3-MoE) GGUF, tensor names and metadata keys as llama.cpp's converter writes them."""
-    arch = "qwen3moe" if moe else "qwen3"
+def write_qwen3(path, moe: bool, arch: str | None = None):
+    """A tiny random Qwen3 (or Qwen3-MoE) GGUF, tensor names and metadata keys as llama.cpp's converter writes them;
+    arch="qwen2": Qwen2's instead (q/k/v biases, no q/k norms, head_dim = hidden / heads)."""
+    arch = arch or ("qwen3moe" if moe else "qwen3")
     hidden, heads, kv_heads, head_dim, ff, layers, vocab = 64, 2, 1, 128 if not moe else 32, 96, 2, 160
+    if arch == "qwen2":
+        head_dim = hidden // heads
     experts, expert_ff = 4, 768  # transformers reads no expert_feed_forward_length: its default, 768, must be the truth
     g = np.random.default_rng(3)
 
@@ -82,8 +88,9 @@ def write_qwen3(path, moe: bool):
     writer.add_feed_forward_length(ff)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    if arch != "qwen2":
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_rope_freq_base(1000000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(vocab)
@@ -104,8 +111,13 @@ def write_qwen3(path, moe: bool):
         writer.add_tensor(f"{blk}.attn_k.weight", w(kv_heads * head_dim, hidden))
         writer.add_tensor(f"{blk}.attn_v.weight", w(kv_heads * head_dim, hidden))
         writer.add_tensor(f"{blk}.attn_output.weight", w(hidden, heads * head_dim))
-        writer.add_tensor(f"{blk}.attn_q_norm.weight", 1 + w(head_dim))
-        writer.add_tensor(f"{blk}.attn_k_norm.weight", 1 + w(head_dim))
+        if arch == "qwen2":
+            writer.add_tensor(f"{blk}.attn_q.bias", w(heads * head_dim))
+            writer.add_tensor(f"{blk}.attn_k.bias", w(kv_heads * head_dim))
+            writer.add_tensor(f"{blk}.attn_v.bias", w(kv_heads * head_dim))
+        else:
+            writer.add_tensor(f"{blk}.attn_q_norm.weight", 1 + w(head_dim))
+            writer.add_tensor(f"{blk}.attn_k_norm.weight", 1 + w(head_dim))
         writer.add_tensor(f"{blk}.ffn_norm.weight", 1 + w(hidden))
         if moe:
             writer.add_tensor(f"{blk}.ffn_gate_inp.weight", w(experts, hidden))
@@ -139,6 +151,21 @@ def test_a_qwen3_moe_file_is_transformers_reading(tmp_path):
                       QWEN3_KEYS + ["num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob"])
     assert ours.config["model_type"] == "qwen3_moe" and ours.config["head_dim"] == 32
     assert ours.tensors["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 2 * 768, 64)
+
+
+def test_a_qwen2_file_is_transformers_reading_and_loads(tmp_path):
+    """Qwen2 is our Llama with biases (lesson 09), so hardway.load builds it: the logits are transformers'."""
+    import hardway
+    from transformers import AutoModelForCausalLM
+
+    path = write_qwen3(tmp_path / "qwen2.gguf", moe=False, arch="qwen2")
+    ours, _ = compare(path, [k for k in QWEN3_KEYS if k not in ("head_dim", "attention_bias", "rope_parameters")])
+    assert ours.config["model_type"] == "qwen2" and "model.layers.1.self_attn.v_proj.bias" in ours.tensors
+    ids = torch.tensor([[1, 17, 42, 99, 3]])  # (1, 5)
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        delta = (hardway.load(path)(ids) - reference(ids).logits).abs().max().item()
+    assert delta < 1e-5, f"max |delta| {delta:.2e} of the logits"
 
 
 def test_an_unknown_architecture_is_refused_in_one_line(tmp_path):
