@@ -37,15 +37,18 @@ class SentencePieceTokenizer:
 
     def __init__(self, tokens: list[str], token_types: list[int], bos_id: int | None = None, add_bos: bool = True,
                  add_space_prefix: bool = False, cache_size: int = 50_000):
-        # Gemma stores a token of spaces as real spaces ("  "); in the text they are "▁▁" by the time BPE sees it.
-        tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+        # Gemma stores a token of spaces as real spaces ("  "), but by the time BPE sees the text its spaces are "▁":
+        # such tokens are spelled with "▁" (transformers' rule: a token of whitespace that holds a space).
+        stored = list(tokens)
+        tokens = [SPACE * len(t) if " " in t and not t.strip() else t for t in stored]
         self.tokens = tokens
         self.encoder = {t: i for i, t in enumerate(tokens)}            # token as spelled -> id
         self.merges = sentencepiece_merges(tokens)                     # (left id, right id) -> (rank, merged id)
-        # Control tokens (<bos>, <start_of_turn>) and user-defined ones (<table>...) are cut out of the text whole.
+        # Control tokens (<bos>, <start_of_turn>) and user-defined ones (<table>...) are cut out of the text whole,
+        # as stored; a user-defined token that had to be respelled is left to BPE, as transformers leaves it.
         types = list(token_types) or [NORMAL] * len(tokens)
-        self.added_tokens = {t: i for i, (t, kind) in enumerate(zip(tokens, types))
-                             if kind in (CONTROL, USER_DEFINED) and t}
+        self.added_tokens = {t: i for i, (t, kind) in enumerate(zip(stored, types)) if t and (
+            kind == CONTROL or (kind == USER_DEFINED and t in self.encoder))}
         # byte value -> the id of its <0xNN> token: how a character the vocabulary lacks is spelled
         self.byte_ids = [self.encoder.get(f"<0x{b:02X}>") for b in range(256)]
         byte_tokens = {i: b for b, i in enumerate(self.byte_ids) if i is not None}
