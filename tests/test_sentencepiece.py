@@ -4,6 +4,7 @@ tokenizers package), built in seconds; and Gemma's built-in chat template for a 
 
 import time
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
@@ -101,3 +102,22 @@ def test_gemmas_built_in_chat_template(path, reference):
     assert chat.end_of_turn_ids() == [reference.token_to_id("<end_of_turn>"), reference.token_to_id("<eos>")]
     with pytest.raises(ValueError, match="alternate"):
         chat.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_a_sentencepiece_vocabulary_with_a_space_prefix_is_refused(tmp_path):
+    import gguf
+
+    from hardway.formats.gguf import GGUFError
+
+    path = tmp_path / "llama2.gguf"
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>", "▁a"])
+    writer.add_token_types([2, 3, 3, 1])
+    writer.add_tensor("x", np.zeros(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFError, match="puts a space before the text"):
+        gguf_tokenizer(path)

@@ -374,7 +374,7 @@ CONTROL_TOKEN = 3  # tokenizer.ggml.token_type: 1 normal, 3 control (special), 4
 def gguf_tokenizer(path):
     """The tokenizer a GGUF's metadata describes, by `tokenizer.ggml.model`: "gpt2" (byte-level BPE) is lesson 02's
     BPETokenizer, with the vocabulary and merges as stored, control and user-defined tokens as added tokens and
-    GPT-2's pre-tokenizer; "llama" (SentencePiece BPE: Gemma, Llama 2) is text.sentencepiece's tokenizer."""
+    GPT-2's pre-tokenizer; "llama" (SentencePiece BPE) is text.sentencepiece's tokenizer, for Gemma's kind (no space prefix)."""
     meta = (path if isinstance(path, GGUFFile) else read_gguf(path)).metadata
     model = meta.get("tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
@@ -384,9 +384,11 @@ def gguf_tokenizer(path):
     if types and len(types) != len(tokens):
         raise GGUFError(f"{path}: {len(types)} token types for {len(tokens)} tokens")
     if model == "llama":
+        if meta.get("tokenizer.ggml.add_space_prefix", True):  # llama.cpp's default when the key is absent
+            raise GGUFError(f"{path}: a SentencePiece vocabulary that puts a space before the text (Llama 2, Mistral) "
+                            f"is not read; only Gemma's kind (tokenizer.ggml.add_space_prefix false) is")
         return SentencePieceTokenizer(tokens, types, meta.get("tokenizer.ggml.bos_token_id"),
-                                      add_bos=meta.get("tokenizer.ggml.add_bos_token", True),
-                                      add_space_prefix=meta.get("tokenizer.ggml.add_space_prefix", False))
+                                      add_bos=meta.get("tokenizer.ggml.add_bos_token", True))
     added = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind in (CONTROL_TOKEN, 4)}
     vocab = {unicode_to_bytes(t): i for i, t in enumerate(tokens) if t not in added}
     merges = []
