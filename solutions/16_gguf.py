@@ -84,3 +84,12 @@ def my_quantize_int8_row(row):
     if scale == 0:
         return torch.zeros(row.shape, dtype=torch.int8), 0.0
     return torch.round(row / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+# Exercise 6: Q4_K's 12 bytes. Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins). Sub-blocks 4-7:
+# the low 4 bits from byte 8+j (scale in its low nibble, min in its high one), the top 2 bits from the 2 bits left
+# over at the top of byte j (scale) and byte 4+j (min).
+def my_unpack_scales_mins(packed: bytes):
+    scales = [packed[j] & 63 for j in range(4)] + [(packed[8 + j] & 15) | ((packed[j] >> 6) << 4) for j in range(4)]
+    mins = [packed[4 + j] & 63 for j in range(4)] + [(packed[8 + j] >> 4) | ((packed[4 + j] >> 6) << 4) for j in range(4)]
+    return scales, mins

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.formats.gguf import smollm2_gguf
+from hardway.formats.gguf import gemma3_gguf, smollm2_gguf
+from hardway.formats.hub import models_dir
 from hardway.exercises.lesson_16 import (check_data_start, check_int4_bytes, check_int8_row, check_q4_1_block,
-                                         check_tensor_bytes)
+                                         check_q4_k_scales, check_tensor_bytes)
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +134,45 @@ def test_check_int8_row(solution, path):
         verdict = check_int8_row(wrong, path)
         assert verdict.startswith("wrong:") and words in verdict, (wrong.__name__, verdict)
 
+
+
+def test_check_q4_k_scales(solution):
+    path = gemma3_gguf(models_dir() / "gguf")
+    assert check_q4_k_scales(None, path).startswith("not attempted yet")
+    assert check_q4_k_scales(solution.my_unpack_scales_mins, path).startswith("right")
+
+    def nibbles_swapped(packed):  # sub-blocks 4-7: the scale from byte 8+j's high nibble, the min from its low one
+        scales, mins = solution.my_unpack_scales_mins(packed)
+        for j in range(4):
+            scales[4 + j] = (packed[8 + j] >> 4) | ((packed[j] >> 6) << 4)
+            mins[4 + j] = (packed[8 + j] & 15) | ((packed[4 + j] >> 6) << 4)
+        return scales, mins
+
+    def low_and_high_bits_swapped(packed):  # sub-blocks 4-7: byte 8+j's nibble as the top bits, bits 6-7 as the low
+        scales, mins = solution.my_unpack_scales_mins(packed)
+        for j in range(4):
+            scales[4 + j] = ((packed[8 + j] & 15) << 2) | (packed[j] >> 6)
+            mins[4 + j] = ((packed[8 + j] >> 4) << 2) | (packed[4 + j] >> 6)
+        return scales, mins
+
+    def no_top_bits(packed):  # sub-blocks 4-7 from byte 8+j alone: their top 2 bits forgotten
+        scales, mins = solution.my_unpack_scales_mins(packed)
+        for j in range(4):
+            scales[4 + j], mins[4 + j] = packed[8 + j] & 15, packed[8 + j] >> 4
+        return scales, mins
+
+    def eight_bits(packed):  # sub-blocks 0-3 with the top 2 bits of their bytes left on
+        scales, mins = solution.my_unpack_scales_mins(packed)
+        return [packed[j] for j in range(4)] + scales[4:], [packed[4 + j] for j in range(4)] + mins[4:]
+
+    def mins_first(packed):
+        scales, mins = solution.my_unpack_scales_mins(packed)
+        return mins, scales
+
+    for wrong in (nibbles_swapped, low_and_high_bits_swapped, no_top_bits):
+        verdict = check_q4_k_scales(wrong, path)
+        assert verdict.startswith("wrong:") and "sub-block " in verdict and "top 2 bits" in verdict, (wrong.__name__, verdict)
+        assert any(f"sub-block {j}'s" in verdict for j in range(4, 8)), verdict  # it names the sub-block that differs
+    for wrong in (eight_bits, mins_first):
+        verdict = check_q4_k_scales(wrong, path)
+        assert verdict.startswith("wrong:") and "sub-block " in verdict, (wrong.__name__, verdict)

