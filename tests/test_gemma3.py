@@ -5,6 +5,7 @@ both spellings of config.json. Then the real Gemma 3 270M file, once lesson 16 r
 
 import importlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -197,3 +198,23 @@ def test_gemma3_270m_gguf_equals_transformers():  # the folder comes from the st
     assert delta <= 1e-4 * ref.abs().max().item(), delta
     expected = theirs.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, min_new_tokens=32)
     assert torch.equal(generate(ours, ids, 32, eos_token_id=None), expected)
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor's CPU code needs a C++ compiler")
+def test_the_compiled_cpu_step_is_one_graph_with_eager_tokens(tmp_path, monkeypatch):
+    """hardway.generate's default on CPU in fp32: lesson 12's compiled step, on weights laid out for it. One graph for
+    a prompt shorter than the window and one longer (the window's mask is computed from the position tensor)."""
+    from torch._dynamo.utils import counters
+
+    make_checkpoint(tmp_path)
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.delenv("HARDWAY_EAGER", raising=False)
+    model = load(tmp_path)
+    monkeypatch.setenv("HARDWAY_EAGER", "1")
+    eager_model = load(tmp_path)
+    step = StaticDecodeStep(model, max_len=30 + 10)  # CPU: compiled_step's cpu backend, as fast_generate's
+    for T in (5, 30):
+        ids = prompt(T, seed=10 + T)
+        assert torch.equal(step.generate(ids, 10, eos_token_id=None), generate(eager_model, ids, 10, eos_token_id=None))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
