@@ -18,6 +18,7 @@ from hardway.engine.paged_cache import PagedKVCache
 from hardway.errors import ConfigError
 from hardway.loading import load
 from hardway.models.gemma3 import Gemma3Config, sliding_window_mask
+from hardway.verify.ritual import attention_diffs
 
 WINDOW = 8
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
@@ -218,3 +219,12 @@ def test_the_compiled_cpu_step_is_one_graph_with_eager_tokens(tmp_path, monkeypa
         ids = prompt(T, seed=10 + T)
         assert torch.equal(step.generate(ids, 10, eos_token_id=None), generate(eager_model, ids, 10, eos_token_id=None))
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_the_diagnostics_see_transformers_windows(pair):
+    """Lesson 11's attention_diffs records transformers' q, k, v through an attention function of its own; the masks
+    transformers builds for it must be SDPA's, or its sliding layers attend to everything and a full layer after
+    them gets other inputs."""
+    ours, theirs = pair
+    first_full = ours.sliding_windows.index(None)
+    assert max(attention_diffs(ours, theirs, prompt(), layer=first_full).values()) <= MAX_DELTA
