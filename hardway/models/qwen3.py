@@ -63,8 +63,6 @@ class Qwen3Block(Block):
 class Qwen3(Llama):
     """Lesson 09's Llama (forward, embed, qkv, KV cache, moves: all inherited) with Qwen3Blocks."""
 
-    sliding_windows: tuple = ()  # filled per layer in __init__: Qwen3 as implemented has full attention everywhere
-
     def __init__(self, config: ModelConfig):
         nn.Module.__init__(self)
         self.config = config
