@@ -192,11 +192,11 @@ def test_gemma3_270m_gguf_equals_transformers():  # the folder comes from the st
     path = gemma3_gguf(checkpoint("google/gemma-3-270m"))  # may change when wired: the stand-in's folder
     ours = load(path)
     theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    ids = torch.randint(10, 20000, (1, 600), generator=torch.Generator().manual_seed(0))  # longer than the window
+    ids = torch.randint(10, 20000, (1, 600), generator=torch.Generator().manual_seed(0))  # longer than the 512 window
     with torch.inference_mode():
         ref = theirs(ids).logits
         delta = (ours(ids) - ref).abs().max().item()
-    assert delta <= 1e-4 * ref.abs().max().item(), delta
+    assert delta <= MAX_DELTA, delta  # measured 0.0 on 700 tokens (a Checkpoint of transformers' own tensors)
     expected = theirs.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, min_new_tokens=32)
     assert torch.equal(generate(ours, ids, 32, eos_token_id=None), expected)
 
