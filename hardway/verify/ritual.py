@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 import torch
 from matplotlib.figure import Figure
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers import AttentionInterface, AttentionMaskInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 from transformers.utils import logging as transformers_logging
 
 from hardway.decode.generate import generate
@@ -305,6 +306,7 @@ def attention_diffs(ours: CausalLM, theirs, input_ids, layer: int = 0) -> dict[s
     q, k, v = ours.qkv(layer, entering[0])  # (B, H, T, d), (B, H_kv, T, d), (B, H_kv, T, d)
 
     AttentionInterface.register("hardway_record", _record_then_sdpa)
+    AttentionMaskInterface.register("hardway_record", sdpa_mask)  # its masks: SDPA's (a window, padding)
     implementation = theirs.config._attn_implementation
     theirs.set_attn_implementation("hardway_record")
     _captured.clear()
