@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from hardway.formats.hub import checkpoint
 
@@ -132,7 +133,7 @@ print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model)._
                   "logit_scale": full.abs().max().item(), "last_delta": last_delta.max().item(),
                   "last_delta_over_bound": (last_delta / bound).max().item(),
                   "imported_model_modules": sorted(m for m in set(sys.modules) - before
-                                                   if m in ("hardway.models.gpt2", "hardway.models.llama"))}))
+                                                   if m in ("hardway.models.gpt2", "hardway.models.llama", "hardway.models.moe"))}))
 '''
 
 TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
@@ -146,6 +147,15 @@ def tiny_checkpoint(kind: str, folder: Path) -> Path:
     elif kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                              num_key_value_heads=2, **TINY))
+    elif kind == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                                 initializer_range=0.2, **TINY))
+    elif kind == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                                                   num_attention_heads=4, num_key_value_heads=2, num_experts=6,
+                                                   num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[0],
+                                                   initializer_range=0.2, **TINY))
     else:
         model = Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                              num_key_value_heads=2, **TINY))
@@ -157,6 +167,8 @@ CASES = {  # name -> (how to get the folder, the class load must pick)
     "gpt2-tiny": (lambda tmp: tiny_checkpoint("gpt2", tmp / "gpt2"), "hardway.models.gpt2.GPT"),
     "llama-tiny": (lambda tmp: tiny_checkpoint("llama", tmp / "llama"), "hardway.models.llama.Llama"),
     "qwen2-tiny": (lambda tmp: tiny_checkpoint("qwen2", tmp / "qwen2"), "hardway.models.llama.Llama"),
+    "mixtral-tiny": (lambda tmp: tiny_checkpoint("mixtral", tmp / "mixtral"), "hardway.models.moe.MoE"),
+    "qwen3_moe-tiny": (lambda tmp: tiny_checkpoint("qwen3_moe", tmp / "qwen3_moe"), "hardway.models.moe.MoE"),
     "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.models.gpt2.GPT"),
     "smollm2-standin": (lambda tmp: checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"), "hardway.models.llama.Llama"),
 }
@@ -181,7 +193,10 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
     # load imported the model module this checkpoint needs (Llama's imports GPT-2's for the causal mask), no other
     module = expected_class.rsplit(".", 1)[0]
     assert module in facts["imported_model_modules"], facts
-    assert ("hardway.models.llama" in facts["imported_model_modules"]) == (module == "hardway.models.llama"), facts
+    # (the MoE models are lesson 09's Llama with other blocks: theirs imports Llama's)
+    assert ("hardway.models.llama" in facts["imported_model_modules"]) == (
+        module in ("hardway.models.llama", "hardway.models.moe")), facts
+    assert ("hardway.models.moe" in facts["imported_model_modules"]) == (module == "hardway.models.moe"), facts
 
 
 def test_the_model_table_is_explicit_and_lazy():
@@ -190,8 +205,9 @@ def test_the_model_table_is_explicit_and_lazy():
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     table, imported = json.loads(result.stdout)
-    assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama"}
-    assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.kernels.layout", "hardway.decode.kv_cache"} & set(imported), imported
+    assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama",
+                     "mixtral": "hardway.models.moe:MoE", "qwen3_moe": "hardway.models.moe:MoE"}
+    assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.moe", "hardway.kernels.layout", "hardway.decode.kv_cache"} & set(imported), imported
 
 
 def test_no_module_imports_hardway_as_a_whole():
