@@ -5,7 +5,7 @@ runs through the k experts its router picks, and only those (lesson 20).
 
 Written to match transformers' MixtralForCausalLM and Qwen3MoeForCausalLM in fp32 (see
 notebooks/20_mixture_of_experts.ipynb). Attention, norms, RoPE and the dense MLP are lesson 09's; Qwen3-MoE adds an
-RMSNorm over each head's q and k.
+RMSNorm over each head's q and k (lesson 19's QKNormAttention).
 
     model = hardway.load(folder)  # a folder whose config.json says "model_type": "mixtral" or "qwen3_moe"
 """
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from hardway.errors import CheckpointError, ConfigError, check_int
 from hardway.loading import Checkpoint
-from hardway.models.llama import MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding, apply_rope
+from hardway.models.llama import MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding
+from hardway.models.qwen3 import QKNormAttention, assign_weights
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen3_moe")
 
@@ -158,22 +159,6 @@ def gathered_experts(experts: Experts, x, weights, chosen):
     return (y.float() * weights[..., None].float()).sum(dim=1)  # (N, C) fp32
 
 
-class QKNormAttention(Attention):
-    """Qwen3's attention: lesson 09's, with an RMSNorm (weights of head_dim) on each head's q and k before RoPE."""
-
-    def __init__(self, config: MoEConfig, layer_idx: int = 0):
-        super().__init__(config, layer_idx)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-
-    def qkv(self, x, cos, sin):  # x: (B, T, C); cos, sin: (T, d)
-        B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, n_head, T, d)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, n_kv, T, d)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-
 class MoEBlock(nn.Module):
     """Lesson 09's block with a mixture of experts for its MLP (or a dense MLP where the config says)."""
 
@@ -202,6 +187,7 @@ class MoE(Llama):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # one Parameter, used twice
+        self.sliding_windows = (None,) * config.num_hidden_layers  # lesson 19's per-layer windows: none (refused)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "MoE":
@@ -270,29 +256,9 @@ def hub_to_moe_names(config: MoEConfig) -> dict[str, str]:
 
 
 def load_moe_weights(model: MoE, tensors: dict[str, torch.Tensor]) -> MoE:
-    """Check `tensors` (hub names) against the model's config, then make them the model's parameters."""
-    tensors = stack_experts(tensors, model.config)
-    names = hub_to_moe_names(model.config)
-    ignorable = {"lm_head.weight"} if model.config.tie_word_embeddings else set()  # some tied files still carry it
-    missing = [n for n in names if n not in tensors]
-    unexpected = [n for n in tensors if n not in names and n not in ignorable]
-    if missing:
-        raise CheckpointError(f"{len(missing)} tensor(s) missing from the checkpoint, e.g. {missing[:5]}")
-    if unexpected:
-        raise CheckpointError(f"{len(unexpected)} unexpected tensor(s) in the checkpoint, e.g. {unexpected[:5]} "
-                              f"(does config.json match these weights?)")
-    state = {}
-    for hub_name, our_name in names.items():
-        expected = tuple(model.get_parameter(our_name).shape)
-        if tuple(tensors[hub_name].shape) != expected:
-            raise CheckpointError(f"{hub_name}: the checkpoint has shape {tuple(tensors[hub_name].shape)}, "
-                                  f"the config implies {expected}")
-        state[our_name] = tensors[hub_name]
-    if model.config.tie_word_embeddings:
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    model.load_state_dict(state, strict=True, assign=True)  # assign: take these tensors, copy nothing
-    if model.config.tie_word_embeddings:
-        model.lm_head.weight = model.tok_emb.weight  # assign gave each name its own Parameter: tie them again
+    """Check `tensors` (hub names, experts per expert or stacked) against the model's config, then make them the
+    model's parameters: lesson 19's assign_weights, on the stacked names."""
+    model = assign_weights(model, stack_experts(tensors, model.config), hub_to_moe_names(model.config))
     model.rope = RotaryEmbedding(model.config, device=model.tok_emb.weight.device)  # fp32 frequencies, computed
     return model
 
