@@ -24,6 +24,10 @@ SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_
 CASES = {
     "mixtral": lambda: MixtralForCausalLM(MixtralConfig(intermediate_size=96, num_local_experts=8,
                                                         num_experts_per_tok=2, **SMALL)),
+    # a window of 6 < the 24-token prompts: every layer masks keys out of it (lesson 19's mask)
+    "mixtral-sliding-window-6": lambda: MixtralForCausalLM(MixtralConfig(intermediate_size=64, num_local_experts=4,
+                                                                         num_experts_per_tok=2, sliding_window=6,
+                                                                         **SMALL)),
     "qwen3_moe-top4-renormalised-one-dense": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
         intermediate_size=128, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=4, norm_topk_prob=True,
         mlp_only_layers=[1], head_dim=16, **SMALL)),
@@ -119,7 +123,7 @@ def test_dispatch_skips_experts_nobody_chose():
     assert ran == [1, 3] and torch.allclose(out, x * (0.5 * 2 + 0.5 * 4))
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-top4-renormalised-one-dense"])
+@pytest.mark.parametrize("case", ["mixtral", "mixtral-sliding-window-6", "qwen3_moe-top4-renormalised-one-dense"])
 def test_kv_cache_and_left_padding_give_the_full_pass(checkpoints, case):
     model = load(checkpoints[case][0])
     ids = ids_for(2, (2, 12))
@@ -147,10 +151,11 @@ def test_kv_cache_and_left_padding_give_the_full_pass(checkpoints, case):
         assert torch.equal(together[row, -8:], alone_tokens[0, -8:])
 
 
-def test_the_compiled_step_traces_as_one_graph_and_gives_eager_tokens(checkpoints):
+@pytest.mark.parametrize("case", ["mixtral-sliding-window-6", "qwen3_moe-top4-renormalised-one-dense"])
+def test_the_compiled_step_traces_as_one_graph_and_gives_eager_tokens(checkpoints, case):
     """Lesson 12's StaticDecodeStep compiles the one-token step whole (fullgraph): the block takes its gathered
     path there. The "eager" backend checks the tracing without inductor's compile time."""
-    model = load(checkpoints["qwen3_moe-top4-renormalised-one-dense"][0])
+    model = load(checkpoints[case][0])
     ids = ids_for(3, (1, 10))
     step = StaticDecodeStep(model, 64, backend="eager")
     assert torch.equal(step.generate(ids, max_new_tokens=12, eos_token_id=None),
@@ -158,6 +163,7 @@ def test_the_compiled_step_traces_as_one_graph_and_gives_eager_tokens(checkpoint
 
 
 def test_the_engine_serves_an_moe_as_generate_alone(tmp_path):
+    """Lesson 14's engine (paged cache, batches of prompts) on a Mixtral with a window of 3, shorter than the prompts."""
     from hardway.engine.engine import Engine
     from hardway.engine.sequence import SamplingParams
     from hardway.formats.hub import checkpoint
@@ -166,7 +172,7 @@ def test_the_engine_serves_an_moe_as_generate_alone(tmp_path):
     torch.manual_seed(5)
     tok = load_tokenizer(checkpoint("openai-community/gpt2"))
     MixtralForCausalLM(MixtralConfig(**(SMALL | dict(vocab_size=50257, hidden_size=32)), intermediate_size=48,
-                                     num_local_experts=4, num_experts_per_tok=2)).save_pretrained(tmp_path)
+                                     num_local_experts=4, num_experts_per_tok=2, sliding_window=3)).save_pretrained(tmp_path)
     model = load(tmp_path)
     prompts = [tok.encode(p) for p in ("The capital of France is", "Once upon a time", "1, 2, 3,")]
     n = 6
@@ -190,12 +196,13 @@ def test_load_reads_the_stacked_spelling_too(checkpoints, tmp_path):
 def test_bad_configs_and_files_are_refused_in_one_line(checkpoints, tmp_path):
     folder, _ = checkpoints["mixtral"]
     d = json.loads((folder / "config.json").read_text())
-    with pytest.raises(ConfigError, match="sliding_window=4096"):
-        MoEConfig.from_dict(d | {"sliding_window": 4096})
+    assert MoEConfig.from_dict(d | {"sliding_window": 4096}).sliding_window == 4096
+    with pytest.raises(ConfigError, match="sliding_window"):
+        MoEConfig.from_dict(d | {"sliding_window": 0})
     with pytest.raises(ConfigError, match="num_experts_per_tok=9 is more than the 8 experts"):
         MoEConfig.from_dict(d | {"num_experts_per_tok": 9})
     q = json.loads((checkpoints["qwen3_moe-top4-renormalised-one-dense"][0] / "config.json").read_text())
-    with pytest.raises(ConfigError, match="sliding-window attention is not implemented for qwen3_moe"):
+    with pytest.raises(ConfigError, match="use_sliding_window=true .* not implemented for qwen3_moe"):
         MoEConfig.from_dict(q | {"use_sliding_window": True})
     with pytest.raises(ConfigError, match="moe_intermediate_size"):
         MoEConfig.from_dict({k: v for k, v in q.items() if k != "moe_intermediate_size"})
@@ -207,6 +214,6 @@ def test_bad_configs_and_files_are_refused_in_one_line(checkpoints, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(d))
     with pytest.raises(CheckpointError, match=r"experts\.5\.w2"):
         load(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(d | {"sliding_window": 512}))
-    with pytest.raises(ConfigError, match="config.json: sliding_window=512"):
+    (tmp_path / "config.json").write_text(json.dumps(d | {"sliding_window": "512"}))
+    with pytest.raises(ConfigError, match="config.json: sliding_window"):
         load(tmp_path)

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from hardway.errors import CheckpointError, ConfigError, check_int
 from hardway.loading import Checkpoint
-from hardway.models.llama import MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding
+from hardway.models.gemma3 import layer_mask
+from hardway.models.llama import MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding, causal_attention
 from hardway.models.qwen3 import QKNormAttention, assign_weights
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen3_moe")
@@ -34,6 +35,7 @@ class MoEConfig(ModelConfig):
     norm_topk_prob: bool = True      # divide the k chosen probabilities by their sum (Mixtral always does)
     qk_norm: bool = False            # Qwen3: an RMSNorm over each head's q and k, before RoPE
     sparse_layers: tuple = ()        # per layer: True = a mixture of experts, False = a dense MLP
+    sliding_window: int | None = None  # Mixtral: each query sees the last W positions (None: all of them)
 
     @classmethod
     def from_dict(cls, d: dict) -> "MoEConfig":
@@ -43,9 +45,11 @@ class MoEConfig(ModelConfig):
             raise ConfigError(f"model_type {model_type!r} is not a mixture of experts; supported: "
                               f"{SUPPORTED_MODEL_TYPES}")
         qwen3 = model_type == "qwen3_moe"
-        if d.get("use_sliding_window", False) if qwen3 else d.get("sliding_window") is not None:
-            raise ConfigError(f"sliding_window={d.get('sliding_window')!r}: sliding-window attention is not "
-                              f"implemented for {model_type}")
+        if qwen3 and d.get("use_sliding_window", False):
+            raise ConfigError(f"use_sliding_window=true (sliding_window={d.get('sliding_window')!r}): sliding-window "
+                              f"attention is not implemented for qwen3_moe")
+        window = None if qwen3 or d.get("sliding_window") is None else \
+            check_int("sliding_window", d["sliding_window"], minimum=1, error=ConfigError)
         # Everything but the experts is a Llama's: lesson 09 reads (and checks) it. No biases but the config's q/k/v/o.
         base = ModelConfig.from_dict({**d, "model_type": "llama", "mlp_bias": False,
                                       "attention_bias": bool(d.get("attention_bias", False))})
@@ -70,7 +74,7 @@ class MoEConfig(ModelConfig):
             width, sparse = base.intermediate_size, (True,) * base.num_hidden_layers
         return cls(**(vars(base) | {"model_type": model_type}), num_experts=n_experts, num_experts_per_tok=k,
                    moe_intermediate_size=width, norm_topk_prob=bool(d.get("norm_topk_prob", False)) if qwen3 else True,
-                   qk_norm=qwen3, sparse_layers=sparse)
+                   qk_norm=qwen3, sparse_layers=sparse, sliding_window=window)
 
 
 class Router(nn.Module):
@@ -159,13 +163,32 @@ def gathered_experts(experts: Experts, x, weights, chosen):
     return (y.float() * weights[..., None].float()).sum(dim=1)  # (N, C) fp32
 
 
+class WindowedAttention(Attention):
+    """Lesson 09's attention under a sliding window of `config.sliding_window` positions: lesson 19's layer_mask."""
+
+    def __init__(self, config: MoEConfig, layer_idx: int = 0):
+        super().__init__(config, layer_idx)
+        self.sliding_window = config.sliding_window
+
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C)
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, S, d)
+        every_slot = getattr(kv_cache, "returns_every_slot", False)  # lesson 12's static cache: all its slots
+        mask = layer_mask(mask, T, k.shape[2], start_pos, self.sliding_window, every_slot, x.device)
+        y = causal_attention(q, k, v, mask)  # (B, n_head, T, d)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))  # (B, T, C)
+
+
 class MoEBlock(nn.Module):
     """Lesson 09's block with a mixture of experts for its MLP (or a dense MLP where the config says)."""
 
     def __init__(self, config: MoEConfig, layer_idx: int = 0):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = (QKNormAttention if config.qk_norm else Attention)(config, layer_idx)
+        attention = QKNormAttention if config.qk_norm else WindowedAttention if config.sliding_window else Attention
+        self.attn = attention(config, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SparseMoE(config) if config.sparse_layers[layer_idx] else MLP(config)
 
@@ -187,7 +210,7 @@ class MoE(Llama):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # one Parameter, used twice
-        self.sliding_windows = (None,) * config.num_hidden_layers  # lesson 19's per-layer windows: none (refused)
+        self.sliding_windows = (config.sliding_window,) * config.num_hidden_layers  # lesson 19's: None = no window
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "MoE":
