@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from hardway.formats.hub import checkpoint
 
@@ -134,7 +135,8 @@ print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model)._
                   "last_delta_over_bound": (last_delta / bound).max().item(),
                   "imported_model_modules": sorted(m for m in set(sys.modules) - before
                                                    if m in ("hardway.models.gpt2", "hardway.models.llama",
-                                                            "hardway.models.qwen3", "hardway.models.gemma3"))}))
+                                                            "hardway.models.qwen3", "hardway.models.gemma3",
+                                                            "hardway.models.moe"))}))
 '''
 
 TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
@@ -154,6 +156,15 @@ def tiny_checkpoint(kind: str, folder: Path) -> Path:
     elif kind == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                              num_key_value_heads=2, head_dim=32, **TINY))
+    elif kind == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                                 initializer_range=0.2, **TINY))
+    elif kind == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                                                   num_attention_heads=4, num_key_value_heads=2, num_experts=6,
+                                                   num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[0],
+                                                   initializer_range=0.2, **TINY))
     else:  # a sliding window of 4 < the 9 positions the child runs: layers 0 and 2 mask keys out of it
         model = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                                    num_key_value_heads=2, head_dim=16, sliding_window=4,
@@ -169,6 +180,8 @@ CASES = {  # name -> (how to get the folder, the class load must pick)
     "qwen2-tiny": (lambda tmp: tiny_checkpoint("qwen2", tmp / "qwen2"), "hardway.models.llama.Llama"),
     "qwen3-tiny": (lambda tmp: tiny_checkpoint("qwen3", tmp / "qwen3"), "hardway.models.qwen3.Qwen3"),
     "gemma3-tiny": (lambda tmp: tiny_checkpoint("gemma3", tmp / "gemma3"), "hardway.models.gemma3.Gemma3"),
+    "mixtral-tiny": (lambda tmp: tiny_checkpoint("mixtral", tmp / "mixtral"), "hardway.models.moe.MoE"),
+    "qwen3_moe-tiny": (lambda tmp: tiny_checkpoint("qwen3_moe", tmp / "qwen3_moe"), "hardway.models.moe.MoE"),
     "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.models.gpt2.GPT"),
     "smollm2-standin": (lambda tmp: checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"), "hardway.models.llama.Llama"),
 }
@@ -191,11 +204,14 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
     assert facts["cached_delta"] <= 2e-5 * facts["logit_scale"], facts
     assert facts["padded_delta"] <= 2e-5 * facts["logit_scale"], facts
     # load imported the model module this checkpoint needs and the ones it builds on (Llama's imports GPT-2's for the
-    # causal mask; lesson 19's import Llama's pieces, Gemma 3's Qwen3's weight loading), no other
+    # causal mask; lesson 19's import Llama's pieces, Gemma 3's Qwen3's weight loading; lesson 20's MoE Qwen3's
+    # attention and Gemma 3's window mask), no other
     module = expected_class.rsplit(".", 1)[0]
     builds_on = {"hardway.models.gpt2": set(), "hardway.models.llama": {"hardway.models.gpt2"},
                  "hardway.models.qwen3": {"hardway.models.gpt2", "hardway.models.llama"},
-                 "hardway.models.gemma3": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3"}}
+                 "hardway.models.gemma3": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3"},
+                 "hardway.models.moe": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3",
+                                        "hardway.models.gemma3"}}
     assert set(facts["imported_model_modules"]) == {module} | builds_on[module], facts
 
 
@@ -206,8 +222,10 @@ def test_the_model_table_is_explicit_and_lazy():
     assert result.returncode == 0, result.stderr
     table, imported = json.loads(result.stdout)
     assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama",
-                     "qwen3": "hardway.models.qwen3:Qwen3", "gemma3_text": "hardway.models.gemma3:Gemma3"}
+                     "qwen3": "hardway.models.qwen3:Qwen3", "gemma3_text": "hardway.models.gemma3:Gemma3",
+                     "mixtral": "hardway.models.moe:MoE", "qwen3_moe": "hardway.models.moe:MoE"}
     assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3", "hardway.models.gemma3",
+                "hardway.models.moe",
                 "hardway.kernels.layout", "hardway.decode.kv_cache"} & set(imported), imported
 
 
