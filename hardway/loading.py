@@ -144,6 +144,8 @@ MODEL_CLASSES = {
     "gpt2": "hardway.models.gpt2:GPT",      # lesson 06
     "llama": "hardway.models.llama:Llama",  # lesson 09: Llama 3.x, SmolLM2
     "qwen2": "hardway.models.llama:Llama",  # lesson 09: Qwen2.5, the same architecture with q/k/v biases
+    "qwen3": "hardway.models.qwen3:Qwen3",  # lesson 19: q/k norms
+    "gemma3_text": "hardway.models.gemma3:Gemma3",  # lesson 19: sliding windows, four norms a block
 }
 # Lesson 12's re-storing of weight matrices for fast CPU decoding, reached by name like the model classes.
 DECODE_LAYOUT = "hardway.kernels.layout:lay_out_for_decode"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from hardway.formats.hub import checkpoint
 
@@ -132,7 +133,8 @@ print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model)._
                   "logit_scale": full.abs().max().item(), "last_delta": last_delta.max().item(),
                   "last_delta_over_bound": (last_delta / bound).max().item(),
                   "imported_model_modules": sorted(m for m in set(sys.modules) - before
-                                                   if m in ("hardway.models.gpt2", "hardway.models.llama"))}))
+                                                   if m in ("hardway.models.gpt2", "hardway.models.llama",
+                                                            "hardway.models.qwen3", "hardway.models.gemma3"))}))
 '''
 
 TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
@@ -146,9 +148,17 @@ def tiny_checkpoint(kind: str, folder: Path) -> Path:
     elif kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                              num_key_value_heads=2, **TINY))
-    else:
+    elif kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                              num_key_value_heads=2, **TINY))
+    elif kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=32, **TINY))
+    else:  # a sliding window of 4 < the 9 positions the child runs: layers 0 and 2 mask keys out of it
+        model = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                                   num_key_value_heads=2, head_dim=16, sliding_window=4,
+                                                   layer_types=["sliding_attention", "full_attention",
+                                                                "sliding_attention"], **{**TINY, "num_hidden_layers": 3}))
     model.save_pretrained(folder)
     return folder
 
@@ -157,6 +167,8 @@ CASES = {  # name -> (how to get the folder, the class load must pick)
     "gpt2-tiny": (lambda tmp: tiny_checkpoint("gpt2", tmp / "gpt2"), "hardway.models.gpt2.GPT"),
     "llama-tiny": (lambda tmp: tiny_checkpoint("llama", tmp / "llama"), "hardway.models.llama.Llama"),
     "qwen2-tiny": (lambda tmp: tiny_checkpoint("qwen2", tmp / "qwen2"), "hardway.models.llama.Llama"),
+    "qwen3-tiny": (lambda tmp: tiny_checkpoint("qwen3", tmp / "qwen3"), "hardway.models.qwen3.Qwen3"),
+    "gemma3-tiny": (lambda tmp: tiny_checkpoint("gemma3", tmp / "gemma3"), "hardway.models.gemma3.Gemma3"),
     "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.models.gpt2.GPT"),
     "smollm2-standin": (lambda tmp: checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"), "hardway.models.llama.Llama"),
 }
@@ -178,10 +190,13 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
     # padded-vs-alone difference is 7e-5.
     assert facts["cached_delta"] <= 2e-5 * facts["logit_scale"], facts
     assert facts["padded_delta"] <= 2e-5 * facts["logit_scale"], facts
-    # load imported the model module this checkpoint needs (Llama's imports GPT-2's for the causal mask), no other
+    # load imported the model module this checkpoint needs and the ones it builds on (Llama's imports GPT-2's for the
+    # causal mask; lesson 19's import Llama's pieces, Gemma 3's Qwen3's weight loading), no other
     module = expected_class.rsplit(".", 1)[0]
-    assert module in facts["imported_model_modules"], facts
-    assert ("hardway.models.llama" in facts["imported_model_modules"]) == (module == "hardway.models.llama"), facts
+    builds_on = {"hardway.models.gpt2": set(), "hardway.models.llama": {"hardway.models.gpt2"},
+                 "hardway.models.qwen3": {"hardway.models.gpt2", "hardway.models.llama"},
+                 "hardway.models.gemma3": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3"}}
+    assert set(facts["imported_model_modules"]) == {module} | builds_on[module], facts
 
 
 def test_the_model_table_is_explicit_and_lazy():
@@ -190,8 +205,10 @@ def test_the_model_table_is_explicit_and_lazy():
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     table, imported = json.loads(result.stdout)
-    assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama"}
-    assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.kernels.layout", "hardway.decode.kv_cache"} & set(imported), imported
+    assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama",
+                     "qwen3": "hardway.models.qwen3:Qwen3", "gemma3_text": "hardway.models.gemma3:Gemma3"}
+    assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3", "hardway.models.gemma3",
+                "hardway.kernels.layout", "hardway.decode.kv_cache"} & set(imported), imported
 
 
 def test_no_module_imports_hardway_as_a_whole():

@@ -1,0 +1,199 @@
+"""hardway.models.gemma3 against transformers' Gemma3ForCausalLM, on tiny seeded random models whose sliding window
+(8 positions) is far shorter than the prompts (30 tokens), so every sliding layer masks keys out of its window:
+logits, greedy tokens, the KV cache, left-padded batches, lesson 12's static cache and the engine's paged cache,
+both spellings of config.json. Then the real Gemma 3 270M file, once lesson 16 reads it."""
+
+import importlib
+import json
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers.masking_utils import sliding_window_causal_mask_function
+
+from hardway.decode.generate import generate
+from hardway.decode.static import StaticDecodeStep
+from hardway.engine.paged_cache import PagedKVCache
+from hardway.errors import ConfigError
+from hardway.loading import load
+from hardway.models.gemma3 import Gemma3Config, sliding_window_mask
+
+WINDOW = 8
+LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+            sliding_window=WINDOW, layer_types=LAYER_TYPES, query_pre_attn_scalar=24,
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+# fp32 rounding: the same SDPA calls as transformers give 0.0 here (measured); 1e-5 leaves room for another kernel
+# order on another CPU, and a real mistake (a window off by one, w for 1 + w) is far above it (lesson 19).
+MAX_DELTA = 1e-5
+
+
+def make_checkpoint(folder, seed=0, hub_spelling=False, **extra):
+    """A seeded random Gemma 3 saved by transformers into `folder`; the transformers model, in eval mode."""
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**{**TINY, **extra})).eval()
+    with torch.no_grad():  # the default init leaves the norms' weights at 0: make every tensor matter
+        for name, p in model.named_parameters():
+            p.copy_(0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.15)
+    model.save_pretrained(folder)
+    if hub_spelling:  # config.json as the hub's files spell it: rope_theta + rope_local_base_freq, a window pattern
+        cfg = json.loads((folder / "config.json").read_text())
+        rope = cfg.pop("rope_parameters")
+        cfg["rope_theta"], cfg["rope_local_base_freq"] = (rope["full_attention"]["rope_theta"],
+                                                          rope["sliding_attention"]["rope_theta"])
+        cfg["rope_scaling"] = None
+        cfg.pop("layer_types")
+        cfg["sliding_window_pattern"] = 3  # layers 0, 1 sliding, 2 full, 3 sliding: LAYER_TYPES
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return model
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gemma3")
+    theirs = make_checkpoint(folder)
+    return load(folder), theirs
+
+
+def prompt(n=30, seed=1):
+    return torch.randint(3, TINY["vocab_size"], (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_mask_is_transformers_sliding_window_mask():
+    for T, S, start in ((12, 12, 0), (1, 20, 19), (3, 20, 17)):
+        ours = sliding_window_mask(T, S, WINDOW, start_pos=start)
+        rule = sliding_window_causal_mask_function(WINDOW)
+        theirs = torch.tensor([[bool(rule(0, 0, torch.tensor(start + t), torch.tensor(s))) for s in range(S)] for t in range(T)])
+        assert torch.equal(ours, theirs), (T, S, start)
+    assert sliding_window_mask(12, 12, WINDOW)[11].sum() == WINDOW  # a query sees itself and the W - 1 before it
+
+
+@pytest.mark.parametrize("spelling", ["transformers-5", "hub"])
+def test_logits_and_greedy_tokens_equal_transformers(spelling, tmp_path):
+    theirs = make_checkpoint(tmp_path, hub_spelling=spelling == "hub")
+    ours = load(tmp_path)
+    assert ours.sliding_windows == (WINDOW, WINDOW, None, WINDOW)
+    ids = prompt()
+    with torch.inference_mode():
+        delta = (ours(ids) - theirs(ids).logits).abs().max().item()
+    assert delta <= MAX_DELTA, delta
+    expected = theirs.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None, min_new_tokens=40)
+    assert torch.equal(generate(ours, ids, 40, eos_token_id=None), expected)  # the KV cache, past the window
+
+
+def test_final_logit_soft_capping_and_an_untied_head(tmp_path):
+    theirs = make_checkpoint(tmp_path, final_logit_softcapping=3.0, tie_word_embeddings=False)
+    ours = load(tmp_path)
+    ids = prompt()
+    with torch.inference_mode():
+        ref = theirs(ids).logits
+        delta = (ours(ids) - ref).abs().max().item()
+    assert ref.abs().max() < 3.0 and delta <= MAX_DELTA, delta
+
+
+def test_cached_generation_equals_recomputing_everything(pair):
+    ours, _ = pair
+    ids = prompt(seed=2)
+    cached = generate(ours, ids, 32, eos_token_id=None)
+    assert torch.equal(cached, generate(ours, ids, 32, eos_token_id=None, use_cache=False))
+
+
+def test_a_left_padded_batch_equals_each_row_alone(pair):
+    ours, theirs = pair
+    rows = [prompt(30, seed=3)[0], prompt(19, seed=4)[0], prompt(5, seed=5)[0]]
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, T - len(r):], mask[i, T - len(r):] = r, 1
+    with torch.inference_mode():
+        batch = ours(ids, attention_mask=mask)  # (3, T, V)
+        for i, r in enumerate(rows):
+            delta = (batch[i, T - len(r):] - ours(r[None])[0]).abs().max().item()
+            assert delta <= MAX_DELTA, (i, delta)
+    out = generate(ours, ids, 24, eos_token_id=None, attention_mask=mask)
+    for i, r in enumerate(rows):
+        assert torch.equal(out[i, T:], generate(ours, r[None], 24, eos_token_id=None)[0, len(r):]), i
+
+
+def test_a_sliding_layer_ignores_whatever_the_cache_holds_outside_its_window(pair):
+    """The interface the engine's sliding-window cache relies on: keys in columns the window hides may be garbage."""
+    ours, _ = pair
+    ids = prompt(seed=6)
+    with torch.inference_mode():
+        cache = ours.new_kv_cache(1, 40)
+        ours(ids, kv_cache=cache)
+        clean = ours(torch.tensor([[7]]), kv_cache=cache, start_pos=30)
+        for layer, window in enumerate(ours.sliding_windows):
+            if window is not None:  # position 30 sees 23..30: overwrite 0..22
+                cache.k[layer, :, :, :30 - window + 1].normal_(0, 100)
+                cache.v[layer, :, :, :30 - window + 1].normal_(0, 100)
+        assert torch.equal(ours(torch.tensor([[7]]), kv_cache=cache, start_pos=30), clean)
+
+
+def test_the_static_cache_step_gives_the_eager_tokens(pair):
+    ours, _ = pair
+    ids = prompt(seed=7)
+    step = StaticDecodeStep(ours, max_len=64, backend="eager")  # the compiled path's cache and masks, traced
+    assert torch.equal(step.generate(ids, 30, eos_token_id=None), generate(ours, ids, 30, eos_token_id=None))
+
+
+def test_the_paged_cache_gives_the_tokens_of_each_row_alone(pair):
+    """The engine's path: prompts prefilled one by one into a PagedKVCache, then decoded together, the shorter one
+    left-padded in the gathered columns."""
+    ours, _ = pair
+    rows = [prompt(30, seed=8)[0].tolist(), prompt(13, seed=9)[0].tolist()]
+    n_new = 20
+    cache = PagedKVCache.for_model(ours, n_blocks=32, block_size=4)
+    slots = [torch.arange(64) + 64 * i for i in range(len(rows))]  # each row its own 16 blocks, in order
+    seqs = [list(r) for r in rows]
+    with torch.inference_mode():
+        for i, r in enumerate(rows):  # prefill, one row at a time
+            cache.bind([slots[i][:len(r)]], [len(r)])
+            logits = ours(torch.tensor([r]), kv_cache=cache, start_pos=0, last_only=True)
+            seqs[i].append(int(logits[0, -1].argmax()))
+        for _ in range(n_new - 1):  # decode, both rows in one pass
+            mask = cache.bind([slots[i][:len(s)] for i, s in enumerate(seqs)], [1, 1])  # (2, S): row 1 padded
+            S = cache.n_positions
+            logits = ours(torch.tensor([[s[-1]] for s in seqs]), kv_cache=cache, start_pos=S - 1, attention_mask=mask)
+            for i, s in enumerate(seqs):
+                s.append(int(logits[i, -1].argmax()))
+    for r, s in zip(rows, seqs):
+        assert s == generate(ours, torch.tensor([r]), n_new, eos_token_id=None)[0].tolist()
+
+
+def test_config_refusals(tmp_path):
+    base = json.loads(Gemma3TextConfig(**TINY).to_json_string())
+    for change, match in ((dict(hidden_activation="silu"), "hidden_activation"),
+                          (dict(use_bidirectional_attention=True), "bidirectional"),
+                          (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+                          (dict(layer_types=["full_attention"]), "layer_types"),
+                          (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e6},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+                           "yarn")):
+        with pytest.raises(ConfigError, match=match):
+            Gemma3Config.from_dict({**base, **change})
+
+
+GGUF = "/tmp/g3/gemma-3-270m-q4_k_m.gguf"
+
+
+@pytest.mark.skipif(not hasattr(importlib.import_module("hardway.formats.gguf"), "gemma3_gguf"),
+                    reason="lesson 16 does not read Gemma 3's GGUF file yet")
+def test_gemma3_270m_gguf_equals_transformers():  # the folder comes from the stand-ins once lesson 16 reads it
+    from transformers import AutoModelForCausalLM
+
+    from hardway.formats.gguf import gemma3_gguf
+    from hardway.formats.hub import checkpoint
+    path = gemma3_gguf(checkpoint("google/gemma-3-270m"))  # may change when wired: the stand-in's folder
+    ours = load(path)
+    theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.randint(10, 20000, (1, 600), generator=torch.Generator().manual_seed(0))  # longer than the window
+    with torch.inference_mode():
+        ref = theirs(ids).logits
+        delta = (ours(ids) - ref).abs().max().item()
+    assert delta <= 1e-4 * ref.abs().max().item(), delta
+    expected = theirs.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, min_new_tokens=32)
+    assert torch.equal(generate(ours, ids, 32, eos_token_id=None), expected)
