@@ -1,10 +1,11 @@
 """Lesson 15's sliding layers' pool: a model whose `sliding_windows` names layers that attend to a window gets a
 second pool for them, whose blocks go back as the window moves on.
 
-The engine's greedy answers must be token-identical to `hardway.generate` on each prompt alone (lesson 08's cache,
-every position kept, the model's own window mask), with several requests at once, chunked prefills beside decodes,
-preemption and the compiled decode step; and the sliding pool's blocks in use must stay within the bound the lesson
-derives, however long the sequences grow. A model without sliding layers keeps lesson 14's one pool.
+On a tiny random Gemma 3 (lesson 19: five layers of every six attend to a window of 8 positions), the engine's greedy
+answers must be token-identical to `hardway.generate` on each prompt alone (lesson 08's cache, every position kept,
+the model's own window mask), with several requests at once, chunked prefills beside decodes, preemption and the
+compiled decode step; and the sliding pool's blocks in use must stay within the bound the lesson derives, however
+long the sequences grow. A model without sliding layers keeps lesson 14's one pool.
 """
 
 import math
@@ -12,74 +13,52 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn as nn
 
 from hardway.decode.generate import generate
 from hardway.engine.block_manager import FREED, SlidingBlockManager, sliding_block_manager
 from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.engine.sequence import SamplingParams
 from hardway.loading import load
-from hardway.models.llama import Attention, causal_attention
 
 WINDOW, BLOCK = 8, 4
+PATTERN = tuple(None if (i + 1) % 6 == 0 else WINDOW for i in range(6))  # Gemma 3's: 5 sliding, then 1 full
+TOKENIZER = SimpleNamespace(decoder={i: bytes([65 + i % 26]) for i in range(120)})
 
 
-class WindowedAttention(Attention):
-    """Lesson 09's attention whose query in column start_pos + t sees key column s only if s <= start_pos + t and
-    start_pos + t - s < window: the mask on key columns every model with sliding layers applies itself."""
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A seeded random 6-layer Gemma 3 (lesson 19) saved by transformers: layers 0-4 attend to a window of 8
+    positions, layer 5 to all."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    def __init__(self, attn: Attention, window: int):
-        nn.Module.__init__(self)
-        self.layer_idx, self.n_head, self.n_kv_head, self.head_dim = (attn.layer_idx, attn.n_head, attn.n_kv_head,
-                                                                      attn.head_dim)
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.window = window
-
-    def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C)
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x, cos, sin)  # (B, n_head, T, d), (B, n_kv_head, T, d) x 2
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, S, d)
-        query = start_pos + torch.arange(T, device=x.device)[:, None]  # (T, 1)
-        key = torch.arange(k.shape[2], device=x.device)[None, :]  # (1, S)
-        window = (key <= query) & (query - key < self.window)  # (T, S)
-        y = causal_attention(q, k, v, window if mask is None else mask & window)  # (B, n_head, T, d)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))  # (B, T, C)
-
-
-def with_windows(model, windows):
-    """The model with WindowedAttention in each layer whose window is not None, and `sliding_windows` set."""
-    for block, window in zip(model.blocks, windows):
-        if window is not None:
-            block.attn = WindowedAttention(block.attn, window)
-    model.sliding_windows = tuple(windows)
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                              sliding_window=WINDOW, query_pre_attn_scalar=16, bos_token_id=1, eos_token_id=2,
+                              layer_types=["full_attention" if w is None else "sliding_attention" for w in PATTERN])
+    reference = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():  # the default init leaves the norms' weights at 0: make every tensor matter
+        for name, p in reference.named_parameters():
+            p.copy_(0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.15)
+    folder = tmp_path_factory.mktemp("tiny-gemma3")
+    reference.save_pretrained(folder)
+    model = load(folder)
+    assert model.sliding_windows == PATTERN
     return model
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """A seeded random 6-layer Llama (GQA, tied head) saved by transformers."""
+def llama(tmp_path_factory):
+    """A seeded random 6-layer Llama (GQA, tied head): no sliding layer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     reference = LlamaForCausalLM(LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
                                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                              tie_word_embeddings=True)).eval()
-    with torch.no_grad():  # larger than the default init, so that the logits are far from uniform
-        for p in reference.parameters():
-            p.normal_(0, 0.3) if p.dim() > 1 else p.add_(0.1 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("tiny-llama-6")
-    reference.save_pretrained(path)
-    return path
-
-
-TOKENIZER = SimpleNamespace(decoder={i: bytes([65 + i % 26]) for i in range(120)})
-PATTERN = tuple(None if (i + 1) % 6 == 0 else WINDOW for i in range(6))  # Gemma 3's: 5 sliding, then 1 full
-
-
-@pytest.fixture(scope="module")
-def windowed(folder):
-    return with_windows(load(folder), PATTERN)
+    folder = tmp_path_factory.mktemp("tiny-llama-6")
+    reference.save_pretrained(folder)
+    return load(folder)
 
 
 def prompts_of(lengths):
@@ -196,8 +175,8 @@ def test_compiled_decode_with_sliding_layers_equals_generate(windowed):
     assert cache.sliding_write_slots.tolist()[-2:] == [cache.sliding_scratch_slot] * 2  # the last step's padding
 
 
-def test_a_model_without_sliding_layers_keeps_one_pool(folder):
-    model = load(folder)
+def test_a_model_without_sliding_layers_keeps_one_pool(llama):
+    model = llama
     engine = Engine(model, TOKENIZER, n_blocks=16, block_size=BLOCK)
     cache = engine.runner.cache
     assert engine.sliding_blocks is None and not engine.runner.has_sliding
