@@ -3,9 +3,9 @@
     uv run python benchmarks/sliding_kv.py                 # Gemma 3 270M's KV shapes, one sequence to 4,096 positions
     uv run python benchmarks/sliding_kv.py --positions 8192
 
-A random model with Gemma 3 270M's attention shapes (18 layers, 1 KV head of 256, 4 query heads, five layers of
-every six attending to a window of 512 positions, the sixth to all; fp32) and small everything else (the KV cache
-does not depend on the rest). One greedy request whose prompt and answer reach --positions positions runs through
+A random Gemma 3 (lesson 19) with Gemma 3 270M's attention shapes (18 layers, 1 KV head of 256, 4 query heads, five
+layers of every six attending to a window of 512 positions, the sixth to all; fp32) and small everything else (the
+KV cache does not depend on the rest). One greedy request whose prompt and answer reach --positions positions runs through
 the engine twice: with the sliding layers' pool (lesson 15: their blocks go back as the window moves on), and with
 sliding_pool=False (every layer keeps every position, lesson 14's one pool). At the step that computes the last
 position it reads the blocks each pool holds, times the bytes of a block, and checks that both answers are
@@ -21,59 +21,34 @@ import time
 from types import SimpleNamespace
 
 import torch
-import torch.nn as nn
 
 from hardway.decode.generate import generate
 from hardway.engine.engine import Engine
 from hardway.engine.sequence import SamplingParams
 from hardway.loading import load
-from hardway.models.llama import Attention, causal_attention
 
 N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_DIM, WINDOW, VOCAB = 18, 4, 1, 256, 512, 256
 
 
-class WindowedAttention(Attention):
-    """Lesson 09's attention whose query in column start_pos + t sees key column s only if s <= start_pos + t and
-    start_pos + t - s < window (as Gemma 3's sliding layers)."""
-
-    def __init__(self, attn: Attention, window: int):
-        nn.Module.__init__(self)
-        self.layer_idx, self.n_head, self.n_kv_head, self.head_dim = (attn.layer_idx, attn.n_head, attn.n_kv_head,
-                                                                      attn.head_dim)
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.window = window
-
-    def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C)
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x, cos, sin)  # (B, n_head, T, d), (B, n_kv_head, T, d) x 2
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, start_pos, k, v)  # (B, n_kv_head, S, d)
-        query = start_pos + torch.arange(T, device=x.device)[:, None]  # (T, 1)
-        key = torch.arange(k.shape[2], device=x.device)[None, :]  # (1, S)
-        window = (key <= query) & (query - key < self.window)  # (T, S)
-        y = causal_attention(q, k, v, window if mask is None else mask & window)  # (B, n_head, T, d)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))  # (B, T, C)
-
-
 def gemma3_270m_shaped(max_positions: int):
-    """A seeded random Llama with Gemma 3 270M's KV shapes and its 5:1 pattern of sliding and full layers."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A seeded random Gemma 3 (lesson 19) with Gemma 3 270M's attention shapes and its 5:1 pattern of sliding and
+    full layers; small embeddings and MLP (the KV cache does not depend on them)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=N_LAYERS,
-                         num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS, head_dim=HEAD_DIM,
-                         max_position_embeddings=max_positions, tie_word_embeddings=True)
-    reference = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # larger than the default init, so that the logits are far from uniform
-        for p in reference.parameters():
-            p.normal_(0, 0.3) if p.dim() > 1 else p.add_(0.1 * torch.randn_like(p))
+    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=N_LAYERS,
+                              num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS, head_dim=HEAD_DIM,
+                              sliding_window=WINDOW, max_position_embeddings=max_positions, bos_token_id=1,
+                              eos_token_id=2, layer_types=["full_attention" if (i + 1) % 6 == 0 else
+                                                           "sliding_attention" for i in range(N_LAYERS)])
+    reference = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():  # the default init leaves the norms' weights at 0: make every tensor matter
+        for name, p in reference.named_parameters():
+            p.copy_(0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.15)
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
         model = load(folder)
-    model.sliding_windows = tuple(None if (i + 1) % 6 == 0 else WINDOW for i in range(N_LAYERS))
-    for block, window in zip(model.blocks, model.sliding_windows):
-        if window is not None:
-            block.attn = WindowedAttention(block.attn, window)
+    assert model.sliding_windows.count(WINDOW) == 15 and model.sliding_windows.count(None) == 3
     return model
 
 
@@ -112,7 +87,6 @@ def main(argv=None):
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-step-tokens", type=int, default=512, help="the longest prefill chunk per step")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     model = gemma3_270m_shaped(args.positions + 1)  # room for the last token picked
     prompt_len = args.positions - args.new_tokens + 1  # the last token picked is never computed
     prompt = torch.randint(0, VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
