@@ -22,7 +22,7 @@ class PagedKVCache:
 
     `sliding_layers` (lesson 15): the layers that attend to a sliding window. They have a pool of their own, of
     n_sliding_blocks blocks (and its own scratch slot, `sliding_scratch_slot`), read and written through a second
-    slot mapping per row, `bind`'s sliding_rows; every other layer uses the pool above. None: every layer there."""
+    slot mapping per row, `bind`'s sliding_rows; every other layer uses the pool above (all of them, by default)."""
 
     def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device="cpu", sliding_layers=(), n_sliding_blocks: int = 0):
