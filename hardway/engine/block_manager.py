@@ -164,3 +164,64 @@ class PrefixCachingBlockManager(BlockManager):
             key = self.block_key(key, tokens[j * bs:(j + 1) * bs])
             self.key_of[table[j]] = key
             self.cached.setdefault(key, table[j])
+
+
+FREED = -1  # a sliding table's entry for a block handed back
+
+
+class SlidingBlockManager(BlockManager):
+    """The pool of the layers that attend to a sliding window of `window` positions: the query at position p reads
+    the keys of positions p - window + 1 to p only. A sequence's sliding table is indexed like its block table
+    (position p in block table[p // block_size]); `slide` hands back the blocks that every query still to come is
+    past, and their entries become FREED. Layers of different windows share the largest: what it keeps serves
+    every smaller one."""
+
+    def __init__(self, n_blocks: int, block_size: int, window: int):
+        super().__init__(n_blocks, block_size)
+        if window < 1:
+            raise ValueError(f"a sliding window holds at least one position, got {window}")
+        self.window = window
+
+    def blocks_per_sequence(self, n_new: int) -> int:
+        """The most blocks one sequence holds in a step that computes n_new of its positions: the window - 1
+        positions before them, the n_new, and a block cut at each end."""
+        return math.ceil((self.window - 1 + n_new) / self.block_size) + 1
+
+    def slide(self, table: list[int], n_cached: int) -> int:
+        """The sequence's next query is at position n_cached (every later one further on): it reads positions
+        n_cached - window + 1 and after. Hand back every block wholly before that; -> how many were handed back."""
+        first_read = max(n_cached - self.window + 1, 0)
+        i, n_freed = first_read // self.block_size, 0  # blocks 0 .. i - 1 end before first_read
+        while i > 0 and table[i - 1] != FREED:  # the freed blocks are a prefix of the table: stop at its end
+            i -= 1
+            self.free_blocks.append(table[i])
+            table[i] = FREED
+            n_freed += 1
+        return n_freed
+
+    def release(self, block_table: list[int]) -> None:
+        """Give every block the table still holds back to the pool, and empty the table."""
+        self.free_blocks.extend(block for block in block_table if block != FREED)
+        block_table.clear()
+
+
+def sliding_block_manager(windows, n_blocks: int, block_size: int, max_batch: int, max_step_tokens: int,
+                          n_sliding_blocks: int | None = None) -> SlidingBlockManager | None:
+    """The sliding layers' block manager for a model whose `sliding_windows` are `windows` (None: no sliding layer,
+    and None back). n_sliding_blocks None: room for max_batch sequences' windows plus a step's new tokens, never more
+    than the full pool's n_blocks (a sequence holds no more sliding blocks than full ones, so that many are always
+    enough). A smaller pool than one sequence's step needs is refused."""
+    sizes = [w for w in (windows or ()) if w is not None]
+    if not sizes:
+        return None
+    window = max(sizes)
+    if n_sliding_blocks is None:
+        per_sequence = math.ceil((window - 1) / block_size) + 2  # the window's blocks, a block cut at each end
+        n_sliding_blocks = min(n_blocks, max_batch * per_sequence + math.ceil(max_step_tokens / block_size))
+    blocks = SlidingBlockManager(n_sliding_blocks, block_size, window)
+    one_step = min(blocks.blocks_per_sequence(max_step_tokens), n_blocks)
+    if n_sliding_blocks < one_step:
+        raise ValueError(f"a sliding pool of {n_sliding_blocks} blocks cannot hold one sequence's step: a window "
+                         f"of {window} and {max_step_tokens} new tokens need up to {one_step} blocks of "
+                         f"{block_size}")
+    return blocks

@@ -8,7 +8,8 @@ from collections import deque
 
 import torch
 
-from hardway.engine.block_manager import BlockManager, PoolTooSmallError, PrefixCachingBlockManager
+from hardway.engine.block_manager import (BlockManager, PoolTooSmallError, PrefixCachingBlockManager,
+                                          SlidingBlockManager, sliding_block_manager)
 from hardway.engine.logprobs import TokenLogprobs, picked_logprobs, prompt_logprobs
 from hardway.engine.model_runner import ModelRunner
 from hardway.engine.output import OutputProcessor
@@ -22,10 +23,16 @@ class Engine:
     `step` (one forward pass for everything scheduled, and a RequestOutput for each request with something new),
     `abort`. A sequence whose computation raises fails alone. `compile_sizes`: the batch sizes whose decode steps
     run compiled (CompiledDecode), compiled here, before any request: (1,) makes one request alone as fast as
-    lesson 12's compiled step; () compiles nothing."""
+    lesson 12's compiled step; () compiles nothing.
+
+    A model whose `sliding_windows` names layers that attend to a sliding window (lesson 15) gets a second pool for
+    those layers, whose blocks go back to it as the window moves past them: `n_sliding_blocks` blocks (None: room
+    for max_batch sequences' windows). sliding_pool=False keeps every layer in the one pool, as for any other
+    model (to compare). Such a model reuses no cached prefix: PrefixCachingEngine caches nothing for it."""
 
     def __init__(self, model: CausalLM, tokenizer, n_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
-                 max_step_tokens: int = 512, compile_sizes=(), backend=None):
+                 max_step_tokens: int = 512, compile_sizes=(), backend=None, n_sliding_blocks: int | None = None,
+                 sliding_pool: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size = model.config.vocab_size  # rows of the embedding: the ids the model can read
         largest = max(tokenizer.decoder)  # the largest id the tokenizer can produce (an added token's, often)
@@ -33,8 +40,12 @@ class Engine:
             raise ValueError(f"the tokenizer has token ids up to {largest}, but the model's vocabulary has only "
                              f"{self.vocab_size} (ids 0 to {self.vocab_size - 1}): the checkpoint's config.json and "
                              f"tokenizer do not belong together")
-        self.scheduler = Scheduler(n_blocks, block_size, max_batch, max_step_tokens)
-        self.runner = ModelRunner(model, n_blocks, block_size, compile_sizes=compile_sizes, backend=backend)
+        windows = getattr(model, "sliding_windows", None) if sliding_pool else None  # lesson 15; None: all full
+        sliding = sliding_block_manager(windows, n_blocks, block_size, max_batch, max_step_tokens, n_sliding_blocks)
+        self.scheduler = Scheduler(n_blocks, block_size, max_batch, max_step_tokens, sliding)
+        sliding_layers = [i for i, w in enumerate(windows or ()) if w is not None]
+        self.runner = ModelRunner(model, n_blocks, block_size, compile_sizes=compile_sizes, backend=backend,
+                                  sliding_layers=sliding_layers, n_sliding_blocks=sliding.n_blocks if sliding else 0)
         if self.runner.decode is not None:
             self.runner.decode.compile_now()
         self.output = OutputProcessor(tokenizer, model.eos_token_ids)
@@ -45,6 +56,11 @@ class Engine:
     @property
     def blocks(self) -> BlockManager:
         return self.scheduler.blocks
+
+    @property
+    def sliding_blocks(self) -> SlidingBlockManager | None:
+        """The sliding layers' pool's block manager (lesson 15), or None: every layer is in `blocks`' pool."""
+        return self.scheduler.sliding_blocks
 
     @property
     def running(self) -> list[Sequence]:
@@ -175,4 +191,5 @@ class PrefixCachingEngine(Engine):
 
     def __init__(self, model, tokenizer, n_blocks: int = 256, block_size: int = 16, **kwargs):
         super().__init__(model, tokenizer, n_blocks=n_blocks, block_size=block_size, **kwargs)
-        self.scheduler.blocks = PrefixCachingBlockManager(n_blocks, block_size)  # before any request: holds nothing
+        if self.scheduler.sliding_blocks is None:  # a model with sliding layers caches no prefix (section 5)
+            self.scheduler.blocks = PrefixCachingBlockManager(n_blocks, block_size)  # before any request: holds nothing

@@ -47,14 +47,20 @@ class CompiledDecode:
         """The batch size a decode of n_rows runs at: the smallest compiled size that holds it (None: none does)."""
         return next((b for b in self.batch_sizes if b >= n_rows), None)
 
-    def __call__(self, input_ids: torch.Tensor, slot_rows: list[torch.Tensor], size: int | None = None) -> torch.Tensor:
-        """input_ids (B, 1), each row's slots -> logits (B, V), computed at the padded size."""
+    def __call__(self, input_ids: torch.Tensor, slot_rows: list[torch.Tensor], size: int | None = None,
+                 sliding_rows: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """input_ids (B, 1), each row's slots (and its slots in the sliding layers' pool, lesson 15) -> logits
+        (B, V), computed at the padded size."""
         B, size = len(slot_rows), size or self.padded_size(len(slot_rows))
         padding = torch.full((2,), self.cache.scratch_slot)  # (2,): two positions, so that S is never 1 (a constant)
-        mask = self.cache.bind(slot_rows + [padding] * (size - B), [1] * size)  # (size, S), or None: no padding
+        slot_rows = slot_rows + [padding] * (size - B)
+        if any(self.cache.sliding):  # lesson 15: the sliding layers' pool pads with its own scratch slot
+            sliding_rows = (sliding_rows or []) + [torch.full((2,), self.cache.sliding_scratch_slot)] * (size - B)
+        mask = self.cache.bind(slot_rows, [1] * size, sliding_rows)  # (size, S), or None: no padding
         if mask is None:
             mask = torch.ones(size, self.cache.n_positions, dtype=torch.long, device=self.cache.device)
-        for t in (mask, self.cache.read_slots):
+        dynamic = [mask, self.cache.read_slots] + ([self.cache.sliding_read_slots] if sliding_rows is not None else [])
+        for t in dynamic:
             torch._dynamo.mark_dynamic(t, 1)  # S: symbolic, not a constant of the graph
         padded_ids = torch.zeros(size, 1, dtype=torch.long, device=self.cache.device)  # (size, 1): token 0 for padding
         padded_ids[:B] = input_ids
@@ -76,12 +82,16 @@ class ModelRunner:
     one layer, `update` writes every row's new keys before it gathers any row's keys, so a prompt's later rows see
     its earlier rows' keys, as one long row would. On a CPU in fp32 the pass runs on the model's twin whose linear
     layers are `OneDNNLinear`. With `compile_sizes`, a step of decodes alone whose batch fits one of those sizes
-    runs the CompiledDecode graph instead; every other step, eagerly as above."""
+    runs the CompiledDecode graph instead; every other step, eagerly as above.
+
+    `sliding_layers` (lesson 15): the layers whose keys and values live in the sliding layers' pool of
+    n_sliding_blocks blocks; each sequence then has a second slot mapping, from its sliding table."""
 
     def __init__(self, model: CausalLM, n_blocks: int, block_size: int, onednn: bool | None = None,
-                 compile_sizes=(), backend=None):
-        self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
+                 compile_sizes=(), backend=None, sliding_layers=(), n_sliding_blocks: int = 0):
+        self.cache = PagedKVCache.for_model(model, n_blocks, block_size, sliding_layers, n_sliding_blocks)
         self.block_size, self.device = block_size, self.cache.device
+        self.has_sliding = bool(sliding_layers)
         if onednn is None:
             onednn = onednn_linear_pays(self.device, self.cache.dtype)
         self.model = with_onednn_linears(model) if onednn else model  # its parameters are the model's own
@@ -92,11 +102,18 @@ class ModelRunner:
         since the last call are computed; the earlier ones are kept."""
         if seq.slot_mapping is None:  # room for every position the sequence may ever have
             seq.slot_mapping = torch.zeros(len(seq.prompt_ids) + seq.params.max_tokens, dtype=torch.long)
+            if self.has_sliding:
+                seq.sliding_mapping = torch.zeros_like(seq.slot_mapping)
         lo, bs = seq.n_mapped, self.block_size
         if n_positions > lo:
             positions = torch.arange(lo, n_positions)  # (n,)
             blocks = torch.tensor(seq.block_table[lo // bs:-(-n_positions // bs)])  # the blocks these positions use
             seq.slot_mapping[lo:n_positions] = blocks[positions // bs - lo // bs] * bs + positions % bs
+            if self.has_sliding:  # lesson 15: the same positions in the sliding layers' pool. The slots of positions
+                # whose blocks were handed back stay as they were: they point at someone's keys, which a sliding
+                # layer reads and masks (out of its window), and nothing is ever written through them again
+                blocks = torch.tensor(seq.sliding_table[lo // bs:-(-n_positions // bs)])  # held: no -1 among them
+                seq.sliding_mapping[lo:n_positions] = blocks[positions // bs - lo // bs] * bs + positions % bs
             seq.n_mapped = n_positions
 
     @staticmethod
@@ -118,23 +135,27 @@ class ModelRunner:
             for seq, end in zip(seqs, ends):
                 self.map_slots(seq, end)
             input_ids = torch.tensor([[seq.tokens[seq.n_cached]] for seq in seqs], device=self.device)  # (B, 1)
+            sliding_rows = [seq.sliding_mapping[:end] for seq, end in zip(seqs, ends)] if self.has_sliding else None
             with torch.inference_mode():
-                return self.decode(input_ids, [seq.slot_mapping[:end] for seq, end in zip(seqs, ends)])  # (B, V)
+                return self.decode(input_ids, [seq.slot_mapping[:end] for seq, end in zip(seqs, ends)],
+                                   sliding_rows=sliding_rows)  # (B, V)
         T = self.row_width(n_new, max(ends))
-        slot_rows, row_new, row_ids, last_rows = [], [], [], []
+        slot_rows, sliding_rows, row_new, row_ids, last_rows = [], [], [], [], []
         for seq, n, end in zip(seqs, n_new, ends):
             self.map_slots(seq, end)
             tokens = seq.tokens[seq.n_cached:end]
             for lo in range(0, n, T):  # the sequence's rows: T new tokens each, the last one maybe fewer
                 hi = min(lo + T, n)
                 slot_rows.append(seq.slot_mapping[:seq.n_cached + hi])  # (L,): every position the row reads
+                if self.has_sliding:
+                    sliding_rows.append(seq.sliding_mapping[:seq.n_cached + hi])  # (L,): the same, sliding pool
                 row_new.append(hi - lo)
                 row_ids.append(tokens[lo:hi])
             last_rows.append(len(row_ids) - 1)
         input_ids = torch.zeros(len(row_ids), T, dtype=torch.long)  # (R, T): right-aligned, padding id 0
         for i, ids in enumerate(row_ids):
             input_ids[i, T - len(ids):] = torch.tensor(ids)
-        mask = self.cache.bind(slot_rows, row_new)  # (R, S) or None
+        mask = self.cache.bind(slot_rows, row_new, sliding_rows if self.has_sliding else None)  # (R, S) or None
         padding = {} if mask is None else {"attention_mask": mask}
         with torch.inference_mode():
             logits = self.model(input_ids.to(self.device), kv_cache=self.cache,

@@ -18,44 +18,68 @@ class PagedKVCache:
     batch with rows that write and read there only. Before each forward pass, `bind` is given each row's slot mapping (the pool slot of each
     of its positions) and how many of its last positions are new in this pass. `update` then has KVCache's
     interface: it writes each row's new keys/values into their slots and returns the batch's keys/values gathered
-    through the slot mappings, left-padded to the longest row, (B, n_kv_heads, S, head_dim)."""
+    through the slot mappings, left-padded to the longest row, (B, n_kv_heads, S, head_dim).
+
+    `sliding_layers` (lesson 15): the layers that attend to a sliding window. They have a pool of their own, of
+    n_sliding_blocks blocks (and its own scratch slot, `sliding_scratch_slot`), read and written through a second
+    slot mapping per row, `bind`'s sliding_rows; every other layer uses the pool above (all of them, by default)."""
 
     def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device="cpu"):
+                 dtype: torch.dtype = torch.float32, device="cpu", sliding_layers=(), n_sliding_blocks: int = 0):
         self.n_layers, self.block_size, self.n_kv_heads, self.head_dim = n_layers, block_size, n_kv_heads, head_dim
         self.scratch_slot = n_blocks * block_size  # after every block's slots
-        shape = (n_blocks * block_size + 1, n_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # n_layers x (n_slots + 1, H, d)
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.sliding_scratch_slot = n_sliding_blocks * block_size  # the same, in the sliding layers' pool
+        self.sliding = [i in set(sliding_layers) for i in range(n_layers)]  # which pool each layer uses
+        def pool(layer):  # (n_slots + 1, H, d): the slots of that layer's pool, and its scratch slot
+            n_slots = self.sliding_scratch_slot if self.sliding[layer] else self.scratch_slot
+            return torch.zeros(n_slots + 1, n_kv_heads, head_dim, dtype=dtype, device=device)
+        self.k = [pool(i) for i in range(n_layers)]  # n_layers x (n_slots + 1, H, d)
+        self.v = [pool(i) for i in range(n_layers)]
         self.dtype, self.device = dtype, device
 
     @classmethod
-    def for_model(cls, model: CausalLM, n_blocks: int, block_size: int) -> PagedKVCache:
+    def for_model(cls, model: CausalLM, n_blocks: int, block_size: int, sliding_layers=(),
+                  n_sliding_blocks: int = 0) -> PagedKVCache:
         """A pool shaped like the model's own KVCache (same layers, KV heads, head size, dtype, device)."""
         probe = model.new_kv_cache(1, 1)  # lesson 08's cache, one position: it knows the model's shapes
         return cls(probe.n_layers, n_blocks, block_size, probe.n_kv_heads, probe.head_dim, probe.k.dtype,
-                   probe.k.device)
+                   probe.k.device, sliding_layers, n_sliding_blocks)
 
-    def bind(self, slot_rows: list[torch.Tensor], n_new: list[int]) -> torch.Tensor | None:
+    def bytes_per_block(self, sliding: bool = False) -> int:
+        """The bytes one block of the full layers' pool (or the sliding layers') holds: keys and values of
+        block_size positions in each of its layers."""
+        n_layers = sum(s == sliding for s in self.sliding)
+        return 2 * n_layers * self.block_size * self.n_kv_heads * self.head_dim * self.k[0].element_size()
+
+    def bind(self, slot_rows: list[torch.Tensor], n_new: list[int],
+             sliding_rows: list[torch.Tensor] | None = None) -> torch.Tensor | None:
         """Prepare the next forward pass. Row i reads positions 0..L_i-1, whose pool slots are slot_rows[i] (L_i,);
         its last n_new[i] positions are new in this pass, and sit right-aligned in the pass's T = max(n_new) input
         columns. Returns the attention mask (B, S), S = max(L_i), or None when no row needs padding; the model is
-        then called with start_pos = S - T."""
+        then called with start_pos = S - T. sliding_rows[i] (L_i,): the same positions' slots in the sliding
+        layers' pool, if there are sliding layers."""
         B, T = len(slot_rows), max(n_new)
         lengths = torch.tensor([len(r) for r in slot_rows])  # (B,)
         S = int(lengths.max())
-        read = torch.zeros(B, S, dtype=torch.long)  # (B, S): padding reads slot 0, any slot will do: it is masked
-        for i, row in enumerate(slot_rows):
-            read[i, S - len(row):] = row
         new = torch.tensor(n_new)  # (B,)
         new_columns = torch.arange(T)[None, :] >= (T - new)[:, None]  # (B, T): the columns that are new
         self.all_new = bool(new_columns.all())
         self.new_rows = new_columns.flatten().nonzero().squeeze(1).to(self.device)  # (sum(n_new),) of B * T rows
-        self.write_slots = torch.cat([row[len(row) - n:] for row, n in zip(slot_rows, n_new)]).to(self.device)
-        self.read_slots = read.to(self.device)  # (B, S)
+        self.write_slots, self.read_slots = self.slots_to_write_and_read(slot_rows, n_new, S)
+        if sliding_rows is not None:
+            self.sliding_write_slots, self.sliding_read_slots = self.slots_to_write_and_read(sliding_rows, n_new, S)
         self.batch_size, self.n_new, self.n_positions = B, T, S
         real = torch.arange(S)[None, :] >= (S - lengths)[:, None]  # (B, S): True where the row has a position
         return None if bool(real.all()) else real.long().to(self.device)
+
+    def slots_to_write_and_read(self, slot_rows: list[torch.Tensor], n_new: list[int], S: int):
+        """-> the slots of the new positions, row after row (sum(n_new),), and the slots each row reads,
+        left-padded (B, S)."""
+        read = torch.zeros(len(slot_rows), S, dtype=torch.long)  # (B, S): padding reads slot 0 (masked: any will do)
+        for i, row in enumerate(slot_rows):
+            read[i, S - len(row):] = row
+        write = torch.cat([row[len(row) - n:] for row, n in zip(slot_rows, n_new)])  # (sum(n_new),)
+        return write.to(self.device), read.to(self.device)
 
     def update(self, layer_idx: int, start_pos: int, k: torch.Tensor, v: torch.Tensor):
         """k, v (B, n_kv_heads, T, head_dim) -> the rows' keys and values so far, each (B, n_kv_heads, S, d)."""
@@ -68,9 +92,13 @@ class PagedKVCache:
         if not self.all_new:  # only the new columns: a short row's padding columns are not positions at all
             k, v = k.index_select(0, self.new_rows), v.index_select(0, self.new_rows)  # (sum(n_new), H, d)
         k_pool, v_pool = self.k[layer_idx], self.v[layer_idx]  # (n_slots + 1, H, d) each: this layer's pool
-        k_pool.index_copy_(0, self.write_slots, k)  # scatter into the blocks
-        v_pool.index_copy_(0, self.write_slots, v)
-        S = self.read_slots.shape[1]  # from the tensor, not an int: a compiled step then serves every S
-        keys = k_pool.index_select(0, self.read_slots.flatten()).view(B, S, H, d)  # through the slot mappings
-        values = v_pool.index_select(0, self.read_slots.flatten()).view(B, S, H, d)
+        if self.sliding[layer_idx]:  # lesson 15: a sliding layer's pool, through its own slot mappings
+            write_slots, read_slots = self.sliding_write_slots, self.sliding_read_slots
+        else:
+            write_slots, read_slots = self.write_slots, self.read_slots
+        k_pool.index_copy_(0, write_slots, k)  # scatter into the blocks
+        v_pool.index_copy_(0, write_slots, v)
+        S = read_slots.shape[1]  # from the tensor, not an int: a compiled step then serves every S
+        keys = k_pool.index_select(0, read_slots.flatten()).view(B, S, H, d)  # through the slot mappings
+        values = v_pool.index_select(0, read_slots.flatten()).view(B, S, H, d)
         return keys.transpose(1, 2), values.transpose(1, 2)  # each (B, n_kv_heads, S, d)

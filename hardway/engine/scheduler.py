@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from hardway.engine.block_manager import BlockManager
+from hardway.engine.block_manager import BlockManager, SlidingBlockManager
 from hardway.engine.sequence import Sequence
 
 
@@ -20,13 +20,19 @@ class Scheduler:
     requests finish first. Waiting sequences are admitted only in a step that preempted nothing (the pool is not
     short), and never at the cost of a preemption, so nothing admitted in a step is preempted in it. Every step
     computes at most `max_step_tokens` tokens: a prompt longer than what is left of that budget is prefilled in
-    chunks over several steps (chunked prefill), so it cannot stall the running sequences for long."""
+    chunks over several steps (chunked prefill), so it cannot stall the running sequences for long.
 
-    def __init__(self, n_blocks: int, block_size: int, max_batch: int = 16, max_step_tokens: int = 512):
+    `sliding_blocks` (lesson 15): the block manager of the sliding-window layers' pool, for a model that has them.
+    Each step starts by handing back the sliding blocks every running sequence's window has left behind; room for a
+    sequence is then room in both pools: `grow` grows both its tables or neither."""
+
+    def __init__(self, n_blocks: int, block_size: int, max_batch: int = 16, max_step_tokens: int = 512,
+                 sliding_blocks: SlidingBlockManager | None = None):
         if max_batch < 1 or max_step_tokens < 1:
             raise ValueError(f"Scheduler needs max_batch >= 1 and max_step_tokens >= 1, got {max_batch}, "
                              f"{max_step_tokens}")
         self.blocks = BlockManager(n_blocks, block_size)
+        self.sliding_blocks = sliding_blocks
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
         self.waiting: deque[Sequence] = deque()  # first come, first served; preempted ones go back to the front
         self.running: list[Sequence] = []        # in order of arrival (Sequence.id): the last is the latest
@@ -46,6 +52,8 @@ class Scheduler:
         budget = self.max_step_tokens
         for seq in self.running:
             self.blocks.cache_blocks(seq)  # what the last step computed
+            if self.sliding_blocks is not None:  # lesson 15: hand back the blocks its next query's window has left
+                self.sliding_blocks.slide(seq.sliding_table, seq.n_cached)
         for seq in list(self.running):
             if seq not in self.running:  # preempted while making room for an older one
                 continue
@@ -60,7 +68,7 @@ class Scheduler:
                 seq = self.waiting[0]
                 seq.n_cached = self.blocks.share_prefix(seq)  # 0, unless a prefix cache holds its first blocks
                 n = self.tokens_this_step(seq, budget)
-                if not self.blocks.grow(seq.block_table, seq.n_cached + n):
+                if not self.grow(seq, seq.n_cached + n):
                     self._free(seq)  # the blocks it shared, back
                     break  # no room now: it stays first in line, and nobody passes it
                 self.admit_first()
@@ -78,13 +86,23 @@ class Scheduler:
     def make_room(self, seq: Sequence, n_positions: int, preempted: list[Sequence]) -> bool:
         """Grow seq's block table to n_positions, preempting the latest arrivals while the pool is short. False if
         seq itself had to go (it was the latest); every sequence preempted is appended to `preempted`."""
-        while not self.blocks.grow(seq.block_table, n_positions):
+        while not self.grow(seq, n_positions):
             victim = self.running[-1]  # the latest arrival: first come, first served
             self.preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
         return True
+
+    def grow(self, seq: Sequence, n_positions: int) -> bool:
+        """Room for seq's first n_positions positions: grow its block table (and its sliding table, lesson 15);
+        False, and nothing taken, if a pool is short."""
+        sliding = self.sliding_blocks
+        if sliding is None:
+            return self.blocks.grow(seq.block_table, n_positions)
+        if sliding.blocks_for(n_positions) - len(seq.sliding_table) > sliding.n_free:
+            return False
+        return self.blocks.grow(seq.block_table, n_positions) and sliding.grow(seq.sliding_table, n_positions)
 
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks and put it back in line; it is recomputed from its tokens later."""
@@ -112,6 +130,8 @@ class Scheduler:
     def _free(self, seq: Sequence) -> None:
         self.blocks.cache_blocks(seq)
         self.blocks.release(seq.block_table)  # free at once: the next step can use them
+        if self.sliding_blocks is not None:
+            self.sliding_blocks.release(seq.sliding_table)
         seq.n_cached = seq.n_mapped = 0  # its slot mapping pointed into those blocks
 
     def admit_first(self) -> Sequence:

@@ -47,6 +47,8 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)  # the scheduler's: which blocks hold its positions
     slot_mapping: torch.Tensor | None = None  # the runner's: (capacity,) pool slot of each position, filled as it grows
+    sliding_table: list[int] = field(default_factory=list)   # lesson 15: the sliding layers' blocks (-1: freed)
+    sliding_mapping: torch.Tensor | None = None  # lesson 15: (capacity,) slot of each position in their pool
     n_mapped: int = 0                 # positions of slot_mapping filled in (0 again when its blocks are freed)
     n_cached: int = 0                 # positions whose keys/values are in the pool
     text: str = ""                    # the output text so far, up to any stop string
