@@ -102,7 +102,13 @@ class EngineThread:
                 "running": len(e.running), "waiting": len(e.waiting), "preemptions": e.n_preemptions,
                 "aborted": e.n_aborted, "prefix_cache": e.blocks.caches_prefixes,  # lesson 15
                 "prefix_cache_hit_tokens": hits, "prefix_cache_miss_tokens": misses,
-                "prefix_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0}
+                "prefix_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
+                **self.sliding_stats()}
+
+    def sliding_stats(self) -> dict:
+        """The sliding layers' own pool (lesson 15), for a model that has one: its blocks, and how many are free."""
+        pool = self.engine.sliding_blocks
+        return {} if pool is None else {"sliding_total_blocks": pool.n_blocks, "sliding_free_blocks": pool.n_free}
 
     def health(self) -> dict:
         """The engine thread's state, not just the HTTP loop's: "ok", "shutting down" or "engine stopped"."""
