@@ -1,5 +1,5 @@
 """Gemma 3 270M as people download it, the Q4_K_M GGUF (assembled by the stand-ins from its registry packages), through
-everything a learner runs on it: `hardway.load`, `generate`, `chat`, `verify` and `serve` with `verify --server`.
+everything a learner runs on it: `hardway.load`, `generate`, `chat`, `verify` and `serve`.
 
 transformers reads the same file (`gguf_file=`, dequantizing the same blocks) as the reference. Loading is the slow part
 (transformers' reading of the file takes about a minute), so each model is loaded once for the module, and the commands
@@ -14,7 +14,6 @@ import torch
 
 import hardway.server.launch as server_module
 import hardway.verify.ritual as verify_module
-import hardway.verify.server as verify_server_module
 from hardway import cli
 from hardway.decode.generate import generate
 from hardway.formats.gguf import gemma3_gguf
@@ -60,7 +59,6 @@ def opened(loaded, path, monkeypatch) -> list[ModelSource]:
 
     monkeypatch.setattr(ModelSource, "load", load)
     monkeypatch.setattr(verify_module, "load_reference", load_reference)
-    monkeypatch.setattr(verify_server_module, "load_reference", load_reference)
     return sources
 
 
@@ -108,10 +106,11 @@ def test_logits_past_the_window_are_transformers(loaded, path):
 
 
 def test_verify_passes_on_the_file_past_the_window(opened, path, capsys, tmp_path):
-    """Lesson 11's ritual, transformers reading the same .gguf: a prompt and a perplexity text longer than the window."""
+    """Lesson 11's ritual, transformers reading the same .gguf: 32 greedy tokens after a prompt longer than the window
+    (the perplexity text is kept short: every position's logits past the window are compared above)."""
     prompt = open_model(path).tokenizer().decode(long_prompt(open_model(path).tokenizer(), 520)[1:])  # no <bos>
     assert cli.main(["verify", "--model", str(path), "--device", "cpu", "--prompt", prompt, "--new-tokens", "32",
-                     "--max-eval-tokens", "600", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+                     "--max-eval-tokens", "64", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert "greedy tokens       PASS    32 of 32 tokens identical" in out and "all checks passed" in out, out
     assert opened and all(s.path.resolve() == path.resolve() for s in opened)
@@ -157,12 +156,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_served_answers_are_generates_and_verify_server_passes(opened, path, capsys, monkeypatch, tmp_path):
-    """`hardway serve --model FILE`: a greedy completion and a chat answer are generate's tokens on the same model,
-    two requests at once; `verify --server` with the file as --reference passes against it."""
+def test_served_answers_are_generates(opened, path, monkeypatch):
+    """`hardway serve --model FILE`: a greedy completion and a chat answer are generate's tokens on the same model.
+    (`verify --server` against a served .gguf is tests/test_model_names.py's, on SmolLM2's file.)"""
     got = {}
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text(PROMPT + "\n", encoding="utf-8")
     name = str(path)
 
     class InThisProcess:
@@ -178,8 +175,6 @@ def test_served_answers_are_generates_and_verify_server_passes(opened, path, cap
                 got["chat"] = client.post(url + "/v1/chat/completions", json={
                     "model": name, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": N_NEW,
                     "temperature": 0}).json()
-                got["verify"] = cli.main(["verify", "--server", url, "--model", name, "--reference", name,
-                                          "--new-tokens", "4", "--max-eval-tokens", "16", "--prompts", str(prompts)])
                 got["stats"] = client.get(url + "/stats").json()
 
     monkeypatch.setattr(server_module, "_Server", InThisProcess)
@@ -191,6 +186,5 @@ def test_served_answers_are_generates_and_verify_server_passes(opened, path, cap
     ids = chat.encode([{"role": "user", "content": QUESTION}], add_generation_prompt=True)
     answer = continuation(model, ids, N_NEW, chat.end_of_turn_ids())
     assert got["chat"]["choices"][0]["message"]["content"] == tokenizer.decode(answer), got["chat"]
-    assert got["verify"] == 0, capsys.readouterr().out
     stats = got["stats"]  # the sliding layers' pool, reported beside the full one, all of it free again
     assert stats["sliding_free_blocks"] == stats["sliding_total_blocks"] > 0, stats
