@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from hardway.exercises.verdict import Wrong, attempt, exercise_check, expect_tensor
+from hardway.exercises.verdict import Wrong, attempt, exercise_check
 from hardway.models.gpt2 import positions_and_mask
 from hardway.models.gemma3 import Gemma3Config, sliding_window_mask
 

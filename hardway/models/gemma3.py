@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from hardway.errors import ConfigError, check_int, check_number
 from hardway.loading import Checkpoint
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
-from hardway.models.llama import Llama, RotaryEmbedding, apply_rope, repeat_kv
-from hardway.models.qwen3 import assign_weights
+from hardway.models.llama import Llama, RotaryEmbedding, apply_rope, assign_weights, repeat_kv
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")

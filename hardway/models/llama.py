@@ -403,10 +403,12 @@ def hub_to_hardway_names(config: ModelConfig) -> dict[str, str]:
     return names
 
 
-def load_weights(model: Llama, tensors: dict[str, torch.Tensor]) -> Llama:
-    """Check `tensors` (hub names) against the model's config, then make them the model's parameters."""
-    names = hub_to_hardway_names(model.config)
-    ignorable = {"lm_head.weight"} if model.config.tie_word_embeddings else set()  # some tied files still carry it
+def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor], names: dict[str, str]) -> nn.Module:
+    """Check that `tensors` (hub names) are exactly what `names` ({hub name: our name}) expects, each of the shape the
+    model has, then make them the model's parameters (no copy), the head tied again. Every model file's loader ends
+    here (lessons 19 and 20 give it their own tables of names)."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    ignorable = {"lm_head.weight"} if tied else set()  # some tied files still carry it
     missing = [n for n in names if n not in tensors]
     unexpected = [n for n in tensors if n not in names and n not in ignorable]
     if missing:
@@ -421,11 +423,17 @@ def load_weights(model: Llama, tensors: dict[str, torch.Tensor]) -> Llama:
             raise CheckpointError(f"{hub_name}: the checkpoint has shape {tuple(tensors[hub_name].shape)}, "
                                   f"the config implies {expected}")
         state[our_name] = tensors[hub_name]
-    if model.config.tie_word_embeddings:
+    if tied:
         state["lm_head.weight"] = state["tok_emb.weight"]
     model.load_state_dict(state, strict=True, assign=True)  # assign: take these tensors, copy nothing
-    if model.config.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.tok_emb.weight  # assign gave each name its own Parameter: tie them again
+    return model
+
+
+def load_weights(model: Llama, tensors: dict[str, torch.Tensor]) -> Llama:
+    """Check `tensors` (hub names) against the model's config, then make them the model's parameters."""
+    assign_weights(model, tensors, hub_to_hardway_names(model.config))
     # the meta skeleton had no frequencies: compute them, in fp32, where the weights are
     model.rope = RotaryEmbedding(model.config, device=model.tok_emb.weight.device)
     return model

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from hardway.errors import CheckpointError, ConfigError, check_int
 from hardway.loading import Checkpoint
 from hardway.models.gemma3 import layer_mask
-from hardway.models.llama import MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding, causal_attention
-from hardway.models.qwen3 import QKNormAttention, assign_weights
+from hardway.models.llama import (MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding, assign_weights,
+                                  causal_attention)
+from hardway.models.qwen3 import QKNormAttention
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen3_moe")
 
@@ -280,7 +281,7 @@ def hub_to_moe_names(config: MoEConfig) -> dict[str, str]:
 
 def load_moe_weights(model: MoE, tensors: dict[str, torch.Tensor]) -> MoE:
     """Check `tensors` (hub names, experts per expert or stacked) against the model's config, then make them the
-    model's parameters: lesson 19's assign_weights, on the stacked names."""
+    model's parameters: lesson 09's assign_weights, on the stacked names."""
     model = assign_weights(model, stack_experts(tensors, model.config), hub_to_moe_names(model.config))
     model.rope = RotaryEmbedding(model.config, device=model.tok_emb.weight.device)  # fp32 frequencies, computed
     return model

@@ -13,10 +13,10 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from hardway.errors import CheckpointError, ConfigError
+from hardway.errors import ConfigError
 from hardway.loading import Checkpoint
 from hardway.models.llama import (MLP, Attention, Block, Llama, ModelConfig, RMSNorm, RotaryEmbedding, apply_rope,
-                                  hub_to_hardway_names)
+                                  assign_weights, hub_to_hardway_names)
 
 
 def qwen3_config(d: dict) -> ModelConfig:
@@ -93,30 +93,3 @@ def qwen3_names(config: ModelConfig) -> dict[str, str]:
         for norm in ("q_norm", "k_norm"):
             names[f"model.layers.{i}.self_attn.{norm}.weight"] = f"blocks.{i}.attn.{norm}.weight"
     return names
-
-
-def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor], names: dict[str, str]) -> nn.Module:
-    """Lesson 09's load_weights for any table of names: check that `tensors` (hub names) are exactly what `names`
-    expects, each of the shape the model has, then make them the model's parameters (no copy); the head tied again."""
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    ignorable = {"lm_head.weight"} if tied else set()  # some tied files still carry it
-    missing = [n for n in names if n not in tensors]
-    unexpected = [n for n in tensors if n not in names and n not in ignorable]
-    if missing:
-        raise CheckpointError(f"{len(missing)} tensor(s) missing from the checkpoint, e.g. {missing[:5]}")
-    if unexpected:
-        raise CheckpointError(f"{len(unexpected)} unexpected tensor(s) in the checkpoint, e.g. {unexpected[:5]} "
-                              f"(does config.json match these weights?)")
-    state = {}
-    for hub_name, our_name in names.items():
-        expected = tuple(model.get_parameter(our_name).shape)
-        if tuple(tensors[hub_name].shape) != expected:
-            raise CheckpointError(f"{hub_name}: the checkpoint has shape {tuple(tensors[hub_name].shape)}, "
-                                  f"the config implies {expected}")
-        state[our_name] = tensors[hub_name]
-    if tied:
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    if tied:
-        model.lm_head.weight = model.tok_emb.weight  # assign gave each name its own Parameter: tie them again
-    return model
