@@ -22,7 +22,7 @@ from hardway.errors import CheckpointError, ConfigError, check_int
 from hardway.loading import Checkpoint
 from hardway.models.gemma3 import layer_mask
 from hardway.models.llama import (MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding, assign_weights,
-                                  causal_attention)
+                                  causal_attention, hub_to_hardway_names)
 from hardway.models.qwen3 import QKNormAttention
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen3_moe")
@@ -257,18 +257,11 @@ def stack_experts(tensors: dict, config: MoEConfig) -> dict:
 
 
 def hub_to_moe_names(config: MoEConfig) -> dict[str, str]:
-    """{checkpoint name (experts stacked): our name} for every tensor the config implies."""
-    names = {"model.embed_tokens.weight": "tok_emb.weight", "model.norm.weight": "final_norm.weight"}
-    if not config.tie_word_embeddings:
-        names["lm_head.weight"] = "lm_head.weight"
+    """{checkpoint name (experts stacked): our name} for every tensor the config implies: lesson 09's names without
+    their MLP, then each block's q/k norms (Qwen3-MoE) and its MLP, sparse or dense."""
+    names = {hub: ours for hub, ours in hub_to_hardway_names(config).items() if ".mlp." not in hub}
     for i in range(config.num_hidden_layers):
         hub, ours = f"model.layers.{i}.", f"blocks.{i}."
-        names[hub + "input_layernorm.weight"] = ours + "attn_norm.weight"
-        names[hub + "post_attention_layernorm.weight"] = ours + "mlp_norm.weight"
-        for proj, has_bias in (("q_proj", config.attention_bias), ("k_proj", config.attention_bias),
-                               ("v_proj", config.attention_bias), ("o_proj", config.o_proj_bias)):
-            for kind in ("weight", "bias") if has_bias else ("weight",):
-                names[hub + f"self_attn.{proj}.{kind}"] = ours + f"attn.{proj}.{kind}"
         if config.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 names[hub + f"self_attn.{norm}.weight"] = ours + f"attn.{norm}.weight"
