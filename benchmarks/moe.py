@@ -1,7 +1,7 @@
-"""A mixture of experts decodes at the speed of its active parameters (lesson 20), at sizes larger than the lesson's.
+"""A mixture of experts decodes at the speed of its active parameters (lesson 21), at sizes larger than the lesson's.
 
 Three models with random weights, the same depth, width and attention: an MoE (E experts, top k, each expert H
-wide, lesson 20's `MoE`), a dense Llama whose MLP is E·H wide (the same parameters in memory) and one whose MLP is
+wide, lesson 21's `MoE`), a dense Llama whose MLP is E·H wide (the same parameters in memory) and one whose MLP is
 k·H wide (the same parameters per token). For each: the fp32 megabytes held, the megabytes of weights one token's
 decode step reads (`active_parameters`), the median seconds of one decode step at batch 1 (lesson 10's
 `decode_step_seconds`: eager steps, the prefill cancelled out) and the GB/s that implies.

@@ -3,7 +3,7 @@
     uv run python benchmarks/sliding_kv.py                 # Gemma 3 270M's KV shapes, one sequence to 4,096 positions
     uv run python benchmarks/sliding_kv.py --positions 8192
 
-A random Gemma 3 (lesson 19) with Gemma 3 270M's attention shapes (18 layers, 1 KV head of 256, 4 query heads, five
+A random Gemma 3 (lesson 20) with Gemma 3 270M's attention shapes (18 layers, 1 KV head of 256, 4 query heads, five
 layers of every six attending to a window of 512 positions, the sixth to all; fp32) and small everything else (the
 KV cache does not depend on the rest). One greedy request whose prompt and answer reach --positions positions runs through
 the engine twice: with the sliding layers' pool (lesson 15: their blocks go back as the window moves on), and with
@@ -31,7 +31,7 @@ N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_DIM, WINDOW, VOCAB = 18, 4, 1, 256, 512, 256
 
 
 def gemma3_270m_shaped(max_positions: int):
-    """A seeded random Gemma 3 (lesson 19) with Gemma 3 270M's attention shapes and its 5:1 pattern of sliding and
+    """A seeded random Gemma 3 (lesson 20) with Gemma 3 270M's attention shapes and its 5:1 pattern of sliding and
     full layers; small embeddings and MLP (the KV cache does not depend on them)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 

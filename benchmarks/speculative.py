@@ -1,4 +1,4 @@
-"""Speculative decoding (lesson 17): tokens per second of plain decoding and of speculative decoding with each
+"""Speculative decoding (lesson 18): tokens per second of plain decoding and of speculative decoding with each
 drafter and k, side by side in one process, on prompts whose answer quotes the prompt (grounded) and open-ended
 ones, with transformers' prompt lookup (`generate(prompt_lookup_num_tokens=k)`) and assisted generation
 (`generate(assistant_model=...)`, its assistant the model's int8 copy made by torch's dynamic quantization) on the
@@ -10,7 +10,7 @@ same prompts and weights.
 SmolLM2-135M-Instruct (the stand-in has its real weights), fp32, CPU, batch 1, greedy, each prompt in its chat
 template, generation until the end of the answer or --new-tokens. Two paths, each speculative run against plain
 decoding on the same path: lesson 08's eager steps (`generate`, `speculative_generate`), and lesson 12's compiled
-step (`StaticDecodeStep`, the fastest plain decoding of the course) with lesson 17's `CompiledVerifier` for prompt
+step (`StaticDecodeStep`, the fastest plain decoding of the course) with lesson 18's `CompiledVerifier` for prompt
 lookup (one more graph per k, its products of k + 1 rows by oneDNN on a packed copy of the weights, lesson 14's
 `with_onednn_linears`; `--no-onednn` lowers them by `rows_times_matrix` instead; `--no-compile` skips them). Besides
 a constant k (every draft padded to k on the compiled path), two schedules that choose the guesses step by step, up
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         from hardway.decode.static import StaticDecodeStep  # lesson 12; imported here: inductor is slow to import
 
         step = StaticDecodeStep(copy.deepcopy(model), max_len=longest + k_max)
-        # lesson 17: a graph of k + 1 positions for every k
+        # lesson 18: a graph of k + 1 positions for every k
         multi = CompiledVerifier(step, k_max, sizes=args.ks, onednn=not args.no_onednn)
         packed = sum(m.packed.nbytes for m in multi.rows_model.modules() if isinstance(m, (OneDNNLinear, MergedLinear)))
         print(f"compiled verify step: products by {'rows_times_matrix' if args.no_onednn else 'oneDNN'}; "

@@ -55,7 +55,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_verify_server(args) -> int:
-    """`hardway verify --server URL --model NAME --reference MODEL` (lesson 18): the ritual against a running
+    """`hardway verify --server URL --model NAME --reference MODEL` (lesson 19): the ritual against a running
     OpenAI-compatible server, the reference model computed here by transformers."""
     if args.reference is None:
         raise ValueError("--server needs --reference MODEL: the checkpoint the server should be computing (a hub id, a folder or a .gguf file)")
@@ -63,7 +63,7 @@ def cmd_verify_server(args) -> int:
         raise ValueError("--top-logprobs must be in 0..20 and --new-tokens at least 1")
     # Imported here, not at the top, for the reason cmd_verify gives: transformers is slow to import.
     from hardway.verify.ritual import format_report
-    from hardway.verify.server import Reference, Server, read_prompts, run_server_ritual  # lesson 18
+    from hardway.verify.server import Reference, Server, read_prompts, run_server_ritual  # lesson 19
 
     server = Server(args.server, args.model)
     server.check()  # an unreachable server: one line now, before the reference loads
@@ -86,7 +86,7 @@ def _sampling(args, device) -> dict:
     return dict(sampling=sampling, generator=generator)
 
 
-SPECULATE = {"lookup": PromptLookupDrafter, "int8": int8_drafter}  # lesson 17's drafters, by --speculate
+SPECULATE = {"lookup": PromptLookupDrafter, "int8": int8_drafter}  # lesson 18's drafters, by --speculate
 
 
 def _speculation(args) -> int | None:
@@ -100,7 +100,7 @@ def _speculation(args) -> int | None:
     k = 4 if args.k is None else args.k
     if not 1 <= k <= 64:
         raise ValueError(f"--k must be in 1..64 (guesses per verify step), got {k}")
-    most = MAX_VERIFY_ROWS - 1  # lesson 17's compiled verify step: k + 1 rows (by default eager steps beyond)
+    most = MAX_VERIFY_ROWS - 1  # lesson 18's compiled verify step: k + 1 rows (by default eager steps beyond)
     if args.compile and k > most:
         raise ValueError(f"--k must be in 1..{most} with --compile (one compiled graph of k + 1 positions), got {k}")
     return k
@@ -109,7 +109,7 @@ def _speculation(args) -> int | None:
 def cmd_generate(args) -> int:
     """The generated text alone goes to stdout (so `hardway generate ... > out.txt` holds just that); the echoed
     prompt, banners and errors go to stderr. With --chat the prompt is one user message in the checkpoint's chat
-    format (lesson 13) and generation stops at the end of the assistant's turn. With --speculate, lesson 17's
+    format (lesson 13) and generation stops at the end of the assistant's turn. With --speculate, lesson 18's
     speculative decoding: the same text, greedy."""
     device, dtype = _device_and_dtype(args)
     sampling = _sampling(args, device)
@@ -145,7 +145,7 @@ def cmd_generate(args) -> int:
         if k is None:  # hardway.generate: the compiled step, compiled on the first step (cached on disk)
             fast_generate(model, input_ids, max_new_tokens=args.max_new_tokens, on_token=stream, eager=not compiled,
                           **stop, **sampling)
-        else:  # lesson 17
+        else:  # lesson 18
             drafter = SPECULATE[args.speculate]
             decoder = StaticDecodeStep(model, max_len=input_ids.shape[1] + args.max_new_tokens) if compiled else None
             verifier = None if decoder is None else CompiledVerifier(decoder, k)
@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--compile", action="store_true",
                    help="check the greedy tokens of the compiled decode step (lesson 12) instead of the eager one")
     v.add_argument("--server", default=None, metavar="URL", help="verify a running OpenAI-compatible server instead "
-                   "(lesson 18); --model is then the name it serves, --dtype the dtype it computes in (default float32)")
+                   "(lesson 19); --model is then the name it serves, --dtype the dtype it computes in (default float32)")
     v.add_argument("--reference", default=None, metavar="MODEL",
                    help="with --server: the checkpoint the server should be computing, named as --model is")
     v.add_argument("--prompts", default=None, metavar="FILE", help="with --server: prompts, one per line")
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", action="store_true", help="lesson 12's compiled step on any device and dtype (the "
                    "default already on CPU in fp32)")
     g.add_argument("--speculate", default=None, metavar="{lookup,int8}",
-                   help="lesson 17's speculative decoding, guesses by prompt lookup or by the model's int8 copy")
+                   help="lesson 18's speculative decoding, guesses by prompt lookup or by the model's int8 copy")
     g.add_argument("--k", type=int, default=None, help="with --speculate: guesses per verify step (default 4)")
     c = sub.add_parser("chat", parents=[common, sampling], help="an interactive chat (Ctrl-C stops an answer, Ctrl-D quits)")
     c.add_argument("--system", default=None, help="a system message to start the conversation with")

@@ -144,10 +144,10 @@ MODEL_CLASSES = {
     "gpt2": "hardway.models.gpt2:GPT",      # lesson 06
     "llama": "hardway.models.llama:Llama",  # lesson 09: Llama 3.x, SmolLM2
     "qwen2": "hardway.models.llama:Llama",  # lesson 09: Qwen2.5, the same architecture with q/k/v biases
-    "qwen3": "hardway.models.qwen3:Qwen3",  # lesson 19: q/k norms
-    "gemma3_text": "hardway.models.gemma3:Gemma3",  # lesson 19: sliding windows, four norms a block
-    "mixtral": "hardway.models.moe:MoE",    # lesson 20: a mixture of experts in every block
-    "qwen3_moe": "hardway.models.moe:MoE",  # lesson 20: Qwen3's attention, experts where the config says
+    "qwen3": "hardway.models.qwen3:Qwen3",  # lesson 20: q/k norms
+    "gemma3_text": "hardway.models.gemma3:Gemma3",  # lesson 20: sliding windows, four norms a block
+    "mixtral": "hardway.models.moe:MoE",    # lesson 21: a mixture of experts in every block
+    "qwen3_moe": "hardway.models.moe:MoE",  # lesson 21: Qwen3's attention, experts where the config says
 }
 # Lesson 12's re-storing of weight matrices for fast CPU decoding, reached by name like the model classes.
 DECODE_LAYOUT = "hardway.kernels.layout:lay_out_for_decode"

@@ -204,7 +204,7 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
     assert facts["cached_delta"] <= 2e-5 * facts["logit_scale"], facts
     assert facts["padded_delta"] <= 2e-5 * facts["logit_scale"], facts
     # load imported the model module this checkpoint needs and the ones it builds on (Llama's imports GPT-2's for the
-    # causal mask; lesson 19's import Llama's pieces and its weight loading; lesson 20's MoE Qwen3's
+    # causal mask; lesson 20's import Llama's pieces and its weight loading; lesson 21's MoE Qwen3's
     # attention and Gemma 3's window mask), no other
     module = expected_class.rsplit(".", 1)[0]
     builds_on = {"hardway.models.gpt2": set(), "hardway.models.llama": {"hardway.models.gpt2"},

@@ -1,12 +1,12 @@
 """Lesson 18's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
-plausible wrong answers, for the reason a learner would need to hear."""
+plausible wrong answers for the reason a learner would need to hear. The greedy rule's check ends inside
+speculative_generate against generate (GPT-2 stand-in); the tokens-per-step check ends with a measurement."""
+
 import pytest
 import torch
-import torch.nn.functional as F
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_18 import check_bytes_sent, check_mlp_partial, check_shard_qkv
-from hardway.models.gpt2 import gelu_tanh
+from hardway.exercises.lesson_18 import check_accept_greedy, check_expected_tokens
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
@@ -15,74 +15,74 @@ from hardway.text.tokenizer import load_tokenizer
 @pytest.fixture(scope="module")
 def gpt2():
     folder = checkpoint("openai-community/gpt2")
-    model, tokenizer = load(folder), load_tokenizer(folder)
-    return model, torch.tensor([tokenizer.encode("Tensor parallelism splits every layer")])
+    tok = load_tokenizer(folder)
+    return load(folder), torch.tensor([tok.encode("one two three four, one two three four, one two three")])
 
 
 @pytest.fixture(scope="module")
 def sol():
-    return load_solutions("18_past_one_machine")
+    return load_solutions("18_speculative_decoding")
 
 
-def test_check_shard_qkv(gpt2, sol):
+def test_check_accept_greedy(gpt2, sol):
     model, ids = gpt2
-    assert check_shard_qkv(None, model, ids).startswith("not attempted yet")
-    result = check_shard_qkv(sol.my_shard_qkv, model, ids)
+    assert check_accept_greedy(None, model, ids).startswith("not attempted yet")
+    result = check_accept_greedy(sol.my_accept_greedy, model, ids)
     assert result.startswith("right"), result
 
-    def one_third(weight, bias, rank, world):  # a contiguous slice of all 3C rows: q's heads on rank 0, v's on the last
-        return weight.chunk(world)[rank], bias.chunk(world)[rank]
+    def counts_every_match(draft, choices):  # matches after a disagreement counted too
+        return sum(d == c for d, c in zip(draft, choices))
 
-    def bias_uncut(weight, bias, rank, world):
-        return sol.my_shard_qkv(weight, bias, rank, world)[0], bias
+    def shifted(draft, choices):  # compares guess i with choices[i + 1]
+        kept = 0
+        for d, c in zip(draft, choices[1:]):
+            if d != c:
+                break
+            kept += 1
+        return kept
 
-    def every_other_head(weight, bias, rank, world):  # heads r, r + w, ...: c_proj's columns are cut contiguously
-        C, d = weight.shape[1], 64
-        heads = range(rank, C // d, world)
-        rows = torch.cat([torch.arange(p * C + h * d, p * C + (h + 1) * d) for p in range(3) for h in heads])
-        return weight[rows], bias[rows]
+    def with_the_models_token(draft, choices):  # counts the model's own token as a kept guess
+        return sol.my_accept_greedy(draft, choices) + 1
 
-    assert "[all of q | all of k | all of v]" in check_shard_qkv(one_third, model, ids)
-    assert check_shard_qkv(bias_uncut, model, ids).startswith("wrong: rank 0 of 2: the bias has shape (2304,)")
-    assert check_shard_qkv(every_other_head, model, ids).startswith("wrong: rank 0 of 2: the weight rows differ")
+    def keeps_all(draft, choices):
+        return len(draft)
 
+    def a_list(draft, choices):  # the tokens, not how many
+        return draft[:sol.my_accept_greedy(draft, choices)]
 
-def test_check_mlp_partial(gpt2, sol):
-    model, ids = gpt2
-    assert check_mlp_partial(None, model, ids).startswith("not attempted yet")
-    result = check_mlp_partial(sol.my_mlp_partial, model, ids)
-    assert result.startswith("right"), result
+    for wrong_answer, words in [(counts_every_match, "the later ones followed a token that is gone"),
+                                (shifted, "every guess is the model's choice"),
+                                (with_the_models_token, "every guess is the model's choice"),
+                                (keeps_all, "the first guess is wrong"), (a_list, "return an int")]:
+        wrong = check_accept_greedy(wrong_answer, model, ids)
+        assert wrong.startswith("wrong") and words in wrong, (wrong_answer.__name__, wrong)
 
-    def bias_on_every_rank(shard, x):
-        return sol.my_mlp_partial(shard, x) + shard.fc_proj_bias
+    def raises(draft, choices):
+        raise NotImplementedError
 
-    def gelu_after_the_projection(shard, x):  # GELU of a partial sum is not a partial sum of GELU
-        return gelu_tanh(F.linear(F.linear(x, shard.fc_weight, shard.fc_bias), shard.fc_proj_weight))
-
-    def hidden_units_not_reduced(shard, x):  # the hidden units, not the projection back to C
-        return gelu_tanh(F.linear(x, shard.fc_weight, shard.fc_bias))
-
-    assert "every rank added c_proj's bias, so the sum holds it 2 times" in check_mlp_partial(bias_on_every_rank,
-                                                                                             model, ids)
-    assert "each rank's hidden units go through GELU on their own" in check_mlp_partial(gelu_after_the_projection,
-                                                                                        model, ids)
-    assert "should be a tensor of shape (1, 7, 768), got (1, 7, 1536)" in check_mlp_partial(hidden_units_not_reduced,
-                                                                                            model, ids)
+    assert check_accept_greedy(raises, model, ids).startswith("not attempted yet")
 
 
-def test_check_bytes_sent(sol):
-    assert check_bytes_sent(None).startswith("not attempted yet")
-    assert check_bytes_sent(sol.my_bytes_sent).startswith("right")
+def test_check_expected_tokens(sol):
+    assert check_expected_tokens(None).startswith("not attempted yet")
+    result = check_expected_tokens(sol.my_expected_tokens)
+    assert result.startswith("right") and "measured" in result, result
 
-    def once_per_block(n_layer, n_embd, n_tokens, world, size):
-        return sol.my_bytes_sent(n_layer, n_embd, n_tokens, world, size) / 2
+    def no_models_token(a, k):  # forgets the token the model adds itself
+        return sol.my_expected_tokens(a, k) - 1
 
-    def whole_tensor_each_time(n_layer, n_embd, n_tokens, world, size):  # no ring: the full tensor from every rank
-        return 2 * n_layer * n_tokens * n_embd * size
+    def one_term_short(a, k):  # (1 - a^k) / (1 - a)
+        return k if a == 1 else (1 - a ** k) / (1 - a)
 
-    def the_mlps_width(n_layer, n_embd, n_tokens, world, size):
-        return sol.my_bytes_sent(n_layer, 4 * n_embd, n_tokens, world, size)
+    def independent_guesses(a, k):  # every guess kept with probability a, whatever came before it
+        return 1 + k * a
 
-    assert "a block reduces twice" in check_bytes_sent(once_per_block)
-    assert "a ring all-reduce sends 2(w - 1)/w of the tensor" in check_bytes_sent(whole_tensor_each_time)
-    assert "the residual stream, (tokens, C), not the MLP's 4C" in check_bytes_sent(the_mlps_width)
+    def divides_by_zero(a, k):  # the closed form without its limit
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    for wrong_answer, words in [(no_models_token, "every step adds the model's own token"),
+                                (one_term_short, "guess i is kept only if"),
+                                (independent_guesses, "guess i is kept only if"),
+                                (divides_by_zero, "ZeroDivisionError")]:
+        wrong = check_expected_tokens(wrong_answer)
+        assert wrong.startswith("wrong") and words in wrong, (wrong_answer.__name__, wrong)

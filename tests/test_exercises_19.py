@@ -2,118 +2,87 @@
 plausible wrong answers, for the reason a learner would need to hear."""
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+import torch.nn.functional as F
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_19 import (GEMMA3_270M, PLANTED, check_diagnosis, check_kv_cache_bytes,
-                                         check_sliding_batch_mask, planted_gemma)
+from hardway.exercises.lesson_19 import check_bytes_sent, check_mlp_partial, check_shard_qkv
+from hardway.models.gpt2 import gelu_tanh
+from hardway.formats.hub import checkpoint
 from hardway.loading import load
+from hardway.text.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    folder = checkpoint("openai-community/gpt2")
+    model, tokenizer = load(folder), load_tokenizer(folder)
+    return model, torch.tensor([tokenizer.encode("Tensor parallelism splits every layer")])
 
 
 @pytest.fixture(scope="module")
 def sol():
-    return load_solutions("19_new_architectures")
+    return load_solutions("19_past_one_machine")
 
 
-@pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
-    """The lesson's tiny Gemma 3 (window 8, layer 2 full), saved by transformers and loaded by hardway."""
-    torch.manual_seed(0)
-    ref = Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, max_position_embeddings=256, num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=24,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"])).eval()
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            p.copy_(0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.15)
-    folder = tmp_path_factory.mktemp("gemma3")
-    ref.save_pretrained(folder)
-    return load(folder), ref
-
-
-def test_check_diagnosis(sol, gemma):
-    assert check_diagnosis(None).startswith("not attempted yet")
-    ours, ref = gemma
-    ids = torch.randint(3, 160, (1, 30), generator=torch.Generator().manual_seed(1))
-    found = sol.diagnose(planted_gemma(ours), ref, ids)  # the solution's method finds what was planted
-    assert found == PLANTED == sol.my_diagnosis, found
-    result = check_diagnosis(sol.my_diagnosis)
-    assert result.startswith("right"), result
-    for wrong, why in (({"layer": 3, "part": "mlp_norm"}, "not the first"),  # a later layer: the spread
-                       ({"layer": 0, "part": "mlp_norm"}, "matches"),
-                       ({"layer": 1, "part": "post_mlp_norm"}, "first whose output differs"),  # after the mistake
-                       ({"layer": 1, "part": "attn"}, "matches transformers'"),
-                       ({"layer": 1, "part": "ffn"}, "not one of"),
-                       ((1, "mlp_norm"), "give a dict")):
-        result = check_diagnosis(wrong)
-        assert result.startswith("wrong") and why in result, (wrong, result)
-
-
-def test_check_kv_cache_bytes(sol):
-    assert check_kv_cache_bytes(None).startswith("not attempted yet")
-    result = check_kv_cache_bytes(sol.my_kv_cache_bytes)
-    assert result.startswith("right"), result
-    every, windowed = sol.my_kv_cache_bytes(GEMMA3_270M, 4096, 2)
-    assert (every, windowed) == (2 * 18 * 256 * 2 * 4096, 2 * 256 * 2 * (3 * 4096 + 15 * 512))  # by hand
-
-    def only_keys(config, n, b):
-        every, windowed = sol.my_kv_cache_bytes(config, n, b)
-        return every // 2, windowed // 2
-
-    def query_heads(config, n, b):
-        return sol.my_kv_cache_bytes({**config, "num_key_value_heads": config["num_attention_heads"]}, n, b)
-
-    def every_sixth_sliding(config, n, b):  # the pattern read backwards: 1 sliding layer in 6
-        flipped = {**config, "layer_types": ["full_attention" if (i + 1) % 6 else "sliding_attention"
-                                             for i in range(config["num_hidden_layers"])]}
-        return sol.my_kv_cache_bytes(config, n, b)[0], sol.my_kv_cache_bytes(flipped, n, b)[1]
-
-    def window_minus_one(config, n, b):  # W - 1 slots: the query's own key forgotten
-        return sol.my_kv_cache_bytes(config, n, b)[0], sol.my_kv_cache_bytes(
-            {**config, "sliding_window": config["sliding_window"] - 1}, n, b)[1]
-
-    for wrong, why in ((only_keys, "a key AND a value"), (query_heads, "num_key_value_heads"),
-                       (every_sixth_sliding, "layer_types"), (window_minus_one, "query's own key"),
-                       (lambda c, n, b: 42, "pair")):
-        result = check_kv_cache_bytes(wrong)
-        assert result.startswith("wrong") and why in result, (wrong.__name__, result)
-
-    def window_not_capped(config, n, b):  # a sliding layer charged W slots before the sequence has W positions
-        every, windowed = sol.my_kv_cache_bytes(config, n, b)
-        n_sliding = sum(1 for i in range(config["num_hidden_layers"]) if (i + 1) % config["sliding_window_pattern"]) \
-            if "layer_types" not in config else config["layer_types"].count("sliding_attention")
-        per_position = 2 * config["num_key_value_heads"] * config["head_dim"] * b
-        return every, windowed + n_sliding * per_position * max(0, config["sliding_window"] - n)
-
-    result = check_kv_cache_bytes(window_not_capped)
-    assert result.startswith("wrong") and "min(W, n)" in result, result
-
-
-def test_check_sliding_batch_mask(sol):
-    assert check_sliding_batch_mask(None).startswith("not attempted yet")
-    result = check_sliding_batch_mask(sol.my_sliding_batch_mask)
+def test_check_shard_qkv(gpt2, sol):
+    model, ids = gpt2
+    assert check_shard_qkv(None, model, ids).startswith("not attempted yet")
+    result = check_shard_qkv(sol.my_shard_qkv, model, ids)
     assert result.startswith("right"), result
 
-    def no_padding(attention_mask, window):
-        return sol.my_sliding_batch_mask(torch.ones_like(attention_mask), window)
+    def one_third(weight, bias, rank, world):  # a contiguous slice of all 3C rows: q's heads on rank 0, v's on the last
+        return weight.chunk(world)[rank], bias.chunk(world)[rank]
 
-    def off_by_one(attention_mask, window):
-        return sol.my_sliding_batch_mask(attention_mask, window + 1)
+    def bias_uncut(weight, bias, rank, world):
+        return sol.my_shard_qkv(weight, bias, rank, world)[0], bias
 
-    def not_causal(attention_mask, window):
-        S = attention_mask.shape[1]
-        q, s = torch.arange(S)[:, None], torch.arange(S)[None, :]
-        return ((q - s).abs() < window)[None, None] & attention_mask.bool()[:, None, None, :]
+    def every_other_head(weight, bias, rank, world):  # heads r, r + w, ...: c_proj's columns are cut contiguously
+        C, d = weight.shape[1], 64
+        heads = range(rank, C // d, world)
+        rows = torch.cat([torch.arange(p * C + h * d, p * C + (h + 1) * d) for p in range(3) for h in heads])
+        return weight[rows], bias[rows]
 
-    def window_from_row_start(attention_mask, window):  # the window counted from each row's first real token
-        out = sol.my_sliding_batch_mask(attention_mask, window).clone()
-        pads = (attention_mask == 0).sum(1)
-        for b, p in enumerate(pads.tolist()):
-            out[b] = sol.my_sliding_batch_mask(attention_mask[b:b + 1], window + p)[0]
-        return out
+    assert "[all of q | all of k | all of v]" in check_shard_qkv(one_third, model, ids)
+    assert check_shard_qkv(bias_uncut, model, ids).startswith("wrong: rank 0 of 2: the bias has shape (2304,)")
+    assert check_shard_qkv(every_other_head, model, ids).startswith("wrong: rank 0 of 2: the weight rows differ")
 
-    for wrong, why in ((no_padding, "padding"), (off_by_one, "sees itself"), (not_causal, "after the query"),
-                       (window_from_row_start, "sees itself"),
-                       (lambda m, w: sol.my_sliding_batch_mask(m, w).float(), "bool tensor")):
-        result = check_sliding_batch_mask(wrong)
-        assert result.startswith("wrong") and why in result, (getattr(wrong, "__name__", wrong), result)
+
+def test_check_mlp_partial(gpt2, sol):
+    model, ids = gpt2
+    assert check_mlp_partial(None, model, ids).startswith("not attempted yet")
+    result = check_mlp_partial(sol.my_mlp_partial, model, ids)
+    assert result.startswith("right"), result
+
+    def bias_on_every_rank(shard, x):
+        return sol.my_mlp_partial(shard, x) + shard.fc_proj_bias
+
+    def gelu_after_the_projection(shard, x):  # GELU of a partial sum is not a partial sum of GELU
+        return gelu_tanh(F.linear(F.linear(x, shard.fc_weight, shard.fc_bias), shard.fc_proj_weight))
+
+    def hidden_units_not_reduced(shard, x):  # the hidden units, not the projection back to C
+        return gelu_tanh(F.linear(x, shard.fc_weight, shard.fc_bias))
+
+    assert "every rank added c_proj's bias, so the sum holds it 2 times" in check_mlp_partial(bias_on_every_rank,
+                                                                                             model, ids)
+    assert "each rank's hidden units go through GELU on their own" in check_mlp_partial(gelu_after_the_projection,
+                                                                                        model, ids)
+    assert "should be a tensor of shape (1, 7, 768), got (1, 7, 1536)" in check_mlp_partial(hidden_units_not_reduced,
+                                                                                            model, ids)
+
+
+def test_check_bytes_sent(sol):
+    assert check_bytes_sent(None).startswith("not attempted yet")
+    assert check_bytes_sent(sol.my_bytes_sent).startswith("right")
+
+    def once_per_block(n_layer, n_embd, n_tokens, world, size):
+        return sol.my_bytes_sent(n_layer, n_embd, n_tokens, world, size) / 2
+
+    def whole_tensor_each_time(n_layer, n_embd, n_tokens, world, size):  # no ring: the full tensor from every rank
+        return 2 * n_layer * n_tokens * n_embd * size
+
+    def the_mlps_width(n_layer, n_embd, n_tokens, world, size):
+        return sol.my_bytes_sent(n_layer, 4 * n_embd, n_tokens, world, size)
+
+    assert "a block reduces twice" in check_bytes_sent(once_per_block)
+    assert "a ring all-reduce sends 2(w - 1)/w of the tensor" in check_bytes_sent(whole_tensor_each_time)
+    assert "the residual stream, (tokens, C), not the MLP's 4C" in check_bytes_sent(the_mlps_width)

@@ -2,119 +2,118 @@
 plausible wrong answers, for the reason a learner would need to hear."""
 import pytest
 import torch
-from transformers import MixtralConfig, MixtralForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_20 import (BUGS, CONFIGS, check_active_bytes, check_diagnosis, check_topk_then_softmax,
-                                         mystery_moe)
+from hardway.exercises.lesson_20 import (GEMMA3_270M, PLANTED, check_diagnosis, check_kv_cache_bytes,
+                                         check_sliding_batch_mask, planted_gemma)
 from hardway.loading import load
-from hardway.models.moe import MoEConfig, active_parameters, total_parameters, MoE
 
 
 @pytest.fixture(scope="module")
 def sol():
-    return load_solutions("20_mixture_of_experts")
-
-
-def test_active_parameters_is_the_count_of_what_one_token_runs():
-    """The reference itself, counted another way: the model's parameters on the meta device, minus the embedding
-    table (unless tied) and the E - k experts a token skips in each sparse block."""
-    for d in CONFIGS.values():
-        config = MoEConfig.from_dict(d)
-        with torch.device("meta"):
-            model = MoE(config)
-        skipped = sum(config.sparse_layers) * (config.num_experts - config.num_experts_per_tok) * 3 * \
-            config.hidden_size * config.moe_intermediate_size
-        table = 0 if config.tie_word_embeddings else model.tok_emb.weight.numel()
-        assert active_parameters(config) == total_parameters(model) - table - skipped
-
-
-def test_check_active_bytes(sol):
-    assert check_active_bytes(None).startswith("not attempted yet")
-    result = check_active_bytes(sol.my_active_bytes)
-    assert result.startswith("right"), result
-
-    def with_the_table(config, b):
-        return sol.my_active_bytes(config, b) + config["vocab_size"] * config["hidden_size"] * b
-
-    def every_expert(config, b):
-        E = config.get("num_local_experts", config.get("num_experts"))
-        return sol.my_active_bytes(dict(config, num_experts_per_tok=E), b)
-
-    def no_router(config, b):
-        E = config.get("num_local_experts", config.get("num_experts"))
-        return sol.my_active_bytes(config, b) - config["num_hidden_layers"] * config["hidden_size"] * E * b
-
-    def all_layers_sparse(config, b):
-        return sol.my_active_bytes({k: v for k, v in config.items() if k not in ("mlp_only_layers",
-                                                                               "decoder_sparse_step")}, b)
-
-    assert "you counted the embedding table" in check_active_bytes(with_the_table)
-    assert "you counted every expert" in check_active_bytes(every_expert)
-    assert "the router's (E, C) matrix" in check_active_bytes(no_router)
-    verdict = check_active_bytes(all_layers_sparse)
-    assert verdict.startswith("wrong: a Qwen3-MoE with dense blocks") and "some blocks have no experts" in verdict
-    assert check_active_bytes(lambda c, b: "many").startswith("wrong: Mixtral-8x7B: expected a number")
-
-
-def test_check_topk_then_softmax(sol):
-    assert check_topk_then_softmax(None).startswith("not attempted yet")
-    result = check_topk_then_softmax(sol.my_route)
-    assert result.startswith("right"), result
-
-    def softmax_then_topk(logits, k):  # not renormalised: the weights sum to less than 1
-        return torch.topk(torch.softmax(logits, -1), k, dim=-1)
-
-    def smallest_first(logits, k):
-        w, e = torch.topk(logits, k, dim=-1, largest=False)
-        return torch.softmax(w, -1), e
-
-    def softmax_over_tokens(logits, k):
-        w, e = torch.topk(logits, k, dim=-1)
-        return torch.softmax(w, 0), e
-
-    assert "softmax-then-top-k without renormalising" in check_topk_then_softmax(softmax_then_topk)
-    assert check_topk_then_softmax(smallest_first).startswith("wrong: E=8, k=2: the experts differ")
-    assert check_topk_then_softmax(softmax_over_tokens).startswith("wrong: E=8, k=2: the weights differ")
-    assert check_topk_then_softmax(lambda logits, k: logits).startswith("wrong: my_route should return")
+    return load_solutions("20_new_architectures")
 
 
 @pytest.fixture(scope="module")
-def tiny_mixtral(tmp_path_factory):
+def gemma(tmp_path_factory):
+    """The lesson's tiny Gemma 3 (window 8, layer 2 full), saved by transformers and loaded by hardway."""
     torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("mixtral")
-    MixtralForCausalLM(MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
-                                     num_experts_per_tok=2, max_position_embeddings=128,
-                                     initializer_range=0.2)).save_pretrained(folder)
-    return folder
+    ref = Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=256, num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"])).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_(0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.15)
+    folder = tmp_path_factory.mktemp("gemma3")
+    ref.save_pretrained(folder)
+    return load(folder), ref
 
 
-def test_the_mystery_has_the_planted_bug_and_the_evidence_shows_it(tiny_mixtral):
-    """The planted bug changes the logits, and the evidence the check names tells it apart: the router's weights
-    sum to 1, and a token's block output is its experts' outputs with their two weights exchanged."""
-    model, mystery = load(tiny_mixtral), mystery_moe(tiny_mixtral)
-    ids = torch.randint(3, 256, (1, 16), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        assert (model(ids) - mystery(ids)).abs().max() > 1e-2
-        block = mystery.blocks[0]
-        rows = block.mlp_norm(mystery.embed(ids))[0]  # (16, C) close enough to a block's MLP input for the check
-        weights, chosen = block.mlp.gate(rows)
-        assert torch.allclose(weights.sum(-1), torch.ones(16))
-        out = block.mlp(rows[None])[0]  # (16, C)
-        experts = block.mlp.experts
-        one = torch.stack([experts.expert(int(e), rows[t:t + 1])[0] for t, e in enumerate(chosen[:, 0])])
-        two = torch.stack([experts.expert(int(e), rows[t:t + 1])[0] for t, e in enumerate(chosen[:, 1])])
-        swapped = weights[:, 1:] * one + weights[:, :1] * two
-        right = weights[:, :1] * one + weights[:, 1:] * two
-        assert (out - swapped).abs().max() < 1e-5 < (out - right).abs().max()
-
-
-def test_check_diagnosis(sol):
-    assert check_diagnosis(None).startswith("not attempted yet: set my_diagnosis to your answer")
+def test_check_diagnosis(sol, gemma):
+    assert check_diagnosis(None).startswith("not attempted yet")
+    ours, ref = gemma
+    ids = torch.randint(3, 160, (1, 30), generator=torch.Generator().manual_seed(1))
+    found = sol.diagnose(planted_gemma(ours), ref, ids)  # the solution's method finds what was planted
+    assert found == PLANTED == sol.my_diagnosis, found
     result = check_diagnosis(sol.my_diagnosis)
     assert result.startswith("right"), result
-    for wrong in BUGS:
-        if wrong != sol.my_diagnosis:
-            assert check_diagnosis(wrong).startswith(f"wrong: not {wrong!r}: ")
-    assert check_diagnosis("the router").startswith("wrong: 'the router' is not one of")
+    for wrong, why in (({"layer": 3, "part": "mlp_norm"}, "not the first"),  # a later layer: the spread
+                       ({"layer": 0, "part": "mlp_norm"}, "matches"),
+                       ({"layer": 1, "part": "post_mlp_norm"}, "first whose output differs"),  # after the mistake
+                       ({"layer": 1, "part": "attn"}, "matches transformers'"),
+                       ({"layer": 1, "part": "ffn"}, "not one of"),
+                       ((1, "mlp_norm"), "give a dict")):
+        result = check_diagnosis(wrong)
+        assert result.startswith("wrong") and why in result, (wrong, result)
+
+
+def test_check_kv_cache_bytes(sol):
+    assert check_kv_cache_bytes(None).startswith("not attempted yet")
+    result = check_kv_cache_bytes(sol.my_kv_cache_bytes)
+    assert result.startswith("right"), result
+    every, windowed = sol.my_kv_cache_bytes(GEMMA3_270M, 4096, 2)
+    assert (every, windowed) == (2 * 18 * 256 * 2 * 4096, 2 * 256 * 2 * (3 * 4096 + 15 * 512))  # by hand
+
+    def only_keys(config, n, b):
+        every, windowed = sol.my_kv_cache_bytes(config, n, b)
+        return every // 2, windowed // 2
+
+    def query_heads(config, n, b):
+        return sol.my_kv_cache_bytes({**config, "num_key_value_heads": config["num_attention_heads"]}, n, b)
+
+    def every_sixth_sliding(config, n, b):  # the pattern read backwards: 1 sliding layer in 6
+        flipped = {**config, "layer_types": ["full_attention" if (i + 1) % 6 else "sliding_attention"
+                                             for i in range(config["num_hidden_layers"])]}
+        return sol.my_kv_cache_bytes(config, n, b)[0], sol.my_kv_cache_bytes(flipped, n, b)[1]
+
+    def window_minus_one(config, n, b):  # W - 1 slots: the query's own key forgotten
+        return sol.my_kv_cache_bytes(config, n, b)[0], sol.my_kv_cache_bytes(
+            {**config, "sliding_window": config["sliding_window"] - 1}, n, b)[1]
+
+    for wrong, why in ((only_keys, "a key AND a value"), (query_heads, "num_key_value_heads"),
+                       (every_sixth_sliding, "layer_types"), (window_minus_one, "query's own key"),
+                       (lambda c, n, b: 42, "pair")):
+        result = check_kv_cache_bytes(wrong)
+        assert result.startswith("wrong") and why in result, (wrong.__name__, result)
+
+    def window_not_capped(config, n, b):  # a sliding layer charged W slots before the sequence has W positions
+        every, windowed = sol.my_kv_cache_bytes(config, n, b)
+        n_sliding = sum(1 for i in range(config["num_hidden_layers"]) if (i + 1) % config["sliding_window_pattern"]) \
+            if "layer_types" not in config else config["layer_types"].count("sliding_attention")
+        per_position = 2 * config["num_key_value_heads"] * config["head_dim"] * b
+        return every, windowed + n_sliding * per_position * max(0, config["sliding_window"] - n)
+
+    result = check_kv_cache_bytes(window_not_capped)
+    assert result.startswith("wrong") and "min(W, n)" in result, result
+
+
+def test_check_sliding_batch_mask(sol):
+    assert check_sliding_batch_mask(None).startswith("not attempted yet")
+    result = check_sliding_batch_mask(sol.my_sliding_batch_mask)
+    assert result.startswith("right"), result
+
+    def no_padding(attention_mask, window):
+        return sol.my_sliding_batch_mask(torch.ones_like(attention_mask), window)
+
+    def off_by_one(attention_mask, window):
+        return sol.my_sliding_batch_mask(attention_mask, window + 1)
+
+    def not_causal(attention_mask, window):
+        S = attention_mask.shape[1]
+        q, s = torch.arange(S)[:, None], torch.arange(S)[None, :]
+        return ((q - s).abs() < window)[None, None] & attention_mask.bool()[:, None, None, :]
+
+    def window_from_row_start(attention_mask, window):  # the window counted from each row's first real token
+        out = sol.my_sliding_batch_mask(attention_mask, window).clone()
+        pads = (attention_mask == 0).sum(1)
+        for b, p in enumerate(pads.tolist()):
+            out[b] = sol.my_sliding_batch_mask(attention_mask[b:b + 1], window + p)[0]
+        return out
+
+    for wrong, why in ((no_padding, "padding"), (off_by_one, "sees itself"), (not_causal, "after the query"),
+                       (window_from_row_start, "sees itself"),
+                       (lambda m, w: sol.my_sliding_batch_mask(m, w).float(), "bool tensor")):
+        result = check_sliding_batch_mask(wrong)
+        assert result.startswith("wrong") and why in result, (getattr(wrong, "__name__", wrong), result)

@@ -27,7 +27,7 @@ TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_lay
             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
 # fp32 rounding: the same SDPA calls as transformers give 0.0 here (measured); 1e-5 leaves room for another kernel
-# order on another CPU, and a real mistake (a window off by one, w for 1 + w) is far above it (lesson 19).
+# order on another CPU, and a real mistake (a window off by one, w for 1 + w) is far above it (lesson 20).
 MAX_DELTA = 1e-5
 
 

@@ -1,4 +1,4 @@
-"""Lesson 20's mixture-of-experts models (hardway/models/moe.py) against transformers' MixtralForCausalLM and
+"""Lesson 21's mixture-of-experts models (hardway/models/moe.py) against transformers' MixtralForCausalLM and
 Qwen3MoeForCausalLM: tiny random checkpoints written by save_pretrained, read by hardway.load.
 
 Logits within fp32 rounding and 32 greedy tokens identical; each expert computed on its routed tokens only; the KV
@@ -24,7 +24,7 @@ SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_
 CASES = {
     "mixtral": lambda: MixtralForCausalLM(MixtralConfig(intermediate_size=96, num_local_experts=8,
                                                         num_experts_per_tok=2, **SMALL)),
-    # a window of 6 < the 24-token prompts: every layer masks keys out of it (lesson 19's mask)
+    # a window of 6 < the 24-token prompts: every layer masks keys out of it (lesson 20's mask)
     "mixtral-sliding-window-6": lambda: MixtralForCausalLM(MixtralConfig(intermediate_size=64, num_local_experts=4,
                                                                          num_experts_per_tok=2, sliding_window=6,
                                                                          **SMALL)),

@@ -1,7 +1,7 @@
 """Lesson 15's sliding layers' pool: a model whose `sliding_windows` names layers that attend to a window gets a
 second pool for them, whose blocks go back as the window moves on.
 
-On a tiny random Gemma 3 (lesson 19: five layers of every six attend to a window of 8 positions), the engine's greedy
+On a tiny random Gemma 3 (lesson 20: five layers of every six attend to a window of 8 positions), the engine's greedy
 answers must be token-identical to `hardway.generate` on each prompt alone (lesson 08's cache, every position kept,
 the model's own window mask), with several requests at once, chunked prefills beside decodes, preemption and the
 compiled decode step; and the sliding pool's blocks in use must stay within the bound the lesson derives, however
@@ -27,7 +27,7 @@ TOKENIZER = SimpleNamespace(decoder={i: bytes([65 + i % 26]) for i in range(120)
 
 @pytest.fixture(scope="module")
 def windowed(tmp_path_factory):
-    """A seeded random 6-layer Gemma 3 (lesson 19) saved by transformers: layers 0-4 attend to a window of 8
+    """A seeded random 6-layer Gemma 3 (lesson 20) saved by transformers: layers 0-4 attend to a window of 8
     positions, layer 5 to all."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 

@@ -1,4 +1,4 @@
-"""Lesson 17's speculative decoding: greedy, token for token the output of lesson 08's generate (tiny configs with
+"""Lesson 18's speculative decoding: greedy, token for token the output of lesson 08's generate (tiny configs with
 many prompts and every k from 1 to 8, both stand-ins, both drafters, a repetition penalty, an EOS); sampling, the
 model's distribution: the rejection rule's first two tokens counted over many seeded runs against the exact
 probabilities of a tiny model with a vocabulary of 8 (Pearson's chi-square at a false-alarm rate of 0.001), two
@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hardway.decode.static import StaticDecodeStep  # lesson 12 (lesson 17 verifies with the latter)
+from hardway.decode.static import StaticDecodeStep  # lesson 12 (lesson 18 verifies with the latter)
 from hardway.kernels.compile import rows_times_matrix
 from hardway.decode.generate import generate
 from hardway.formats.hub import checkpoint
@@ -84,7 +84,7 @@ def test_greedy_is_generates_tokens_on_tiny_configs_for_every_k(tiny, name):
 
 def test_greedy_is_generates_tokens_on_both_standins():
     """Real weights, short runs: prompt lookup at three k on each stand-in, and the int8 copy on GPT-2 (the exhaustive
-    sweep of k and drafters is the tiny configs' test above; lesson 17 runs both drafters on both stand-ins too)."""
+    sweep of k and drafters is the tiny configs' test above; lesson 18 runs both drafters on both stand-ins too)."""
     for repo, text, ks, int8_k in (
             ("HuggingFaceTB/SmolLM2-135M-Instruct", "Repeat: the cat sat on the mat, the cat sat on the mat, the", (1, 3, 8), None),
             ("openai-community/gpt2", "The quick brown fox jumps over the lazy dog. The quick", (2, 5), 3)):
@@ -483,7 +483,7 @@ def test_the_command_line_speculates_with_the_same_text_and_refuses_bad_values(c
 
 
 def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch, capsys):
-    """generate --compile --speculate: lesson 12's step and lesson 17's CompiledVerifier, the text of plain decoding.
+    """generate --compile --speculate: lesson 12's step and lesson 18's CompiledVerifier, the text of plain decoding.
     A 2-layer Llama with the SmolLM2 stand-in's tokenizer, its graphs traced by dynamo and run without code
     generation (the "eager" backend): what is checked is the wiring, not inductor's code."""
     import shutil
@@ -510,4 +510,4 @@ def test_the_command_line_speculates_on_the_compiled_step(tmp_path, monkeypatch,
     torch._dynamo.reset()
     assert cli.main(base + ["--compile", "--speculate", "int8", "--k", "3"]) == 0  # int8 guesses at every step
     assert capsys.readouterr().out == plain
-    assert verify_graphs.frame_count == 1  # the verify steps ran through lesson 17's graph of k + 1 positions
+    assert verify_graphs.frame_count == 1  # the verify steps ran through lesson 18's graph of k + 1 positions

@@ -1,4 +1,4 @@
-"""Lesson 18's tensor parallelism: GPT-2 split over ranks gives the whole model's logits (simulated in one process,
+"""Lesson 19's tensor parallelism: GPT-2 split over ranks gives the whole model's logits (simulated in one process,
 over 2, 3 and 4 ranks), and two real processes (gloo on 127.0.0.1) generate the same greedy tokens as one, with two
 all-reduces per block per forward pass."""
 import copy

@@ -1,4 +1,4 @@
-"""`hardway verify --server` (lesson 18): it passes on `hardway serve` (fp32, both stand-ins), and it catches servers
+"""`hardway verify --server` (lesson 19): it passes on `hardway serve` (fp32, both stand-ins), and it catches servers
 broken on purpose here, each by the check that should catch it, with a message naming what differs:
 
 - a wrong chat template (an outdated default system message): the chat template check;

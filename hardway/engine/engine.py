@@ -149,7 +149,7 @@ class Engine:
         logits = self.runner.forward(seqs, n_new)  # (B, V)
         done = [i for i, (s, n) in enumerate(zip(seqs, n_new)) if n == s.n_uncomputed]  # every token computed
         tokens = self.runner.sample([seqs[i] for i in done], logits[done])
-        entries = picked_logprobs([seqs[i] for i in done], logits[done], tokens)  # only those that asked (lesson 18)
+        entries = picked_logprobs([seqs[i] for i in done], logits[done], tokens)  # only those that asked (lesson 19)
         out: list[tuple[int, TokenLogprobs | None] | None] = [None] * len(seqs)
         for i, token, entry in zip(done, tokens, entries):
             out[i] = (token, entry)

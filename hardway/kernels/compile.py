@@ -29,7 +29,7 @@ def use_compile_cache() -> None:
 
 def compiled_step(fn, device, rows: int = 1, backend=None, cuda_graphs: bool = True, options: dict | None = None):
     """torch.compile(fn) for a step whose matrix products have `rows` rows on `device`: the one place where every
-    compiled step of the course (this lesson's StaticDecodeStep, lesson 14's serving decode, lesson 17's verifier)
+    compiled step of the course (this lesson's StaticDecodeStep, lesson 14's serving decode, lesson 18's verifier)
     gets its backend. Whole graph, static shapes. `backend` None: on CUDA inductor, replayed as CUDA graphs when
     `cuda_graphs` (gpt-fast's mode="reduce-overhead"); on CPU cpu_step_backend(rows) (the CPU section of this
     lesson). Any other backend is used as
@@ -97,7 +97,7 @@ def cpu_decode_backend(graph_module, example_inputs, max_rows: int = 1, product=
 def rows_times_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a (R, in) @ b (in, out) -> (R, out) for a few rows, as a multiply and a sum that inductor compiles to one
     loop over the out rows of b.T (the weight matrix, stored row by row): each weight row is read from memory once
-    and multiplied by all R rows of a while it is in cache. matvec_as_sum is the case R = 1 (lesson 17 verifies
+    and multiplied by all R rows of a while it is in cache. matvec_as_sum is the case R = 1 (lesson 18 verifies
     k + 1 guesses with it; lesson 14 decodes a few requests at once)."""
     a = torch.ops.prims.inductor_force_stride_order.default(a, a.stride())  # a buffer: nothing recomputed per row
     return (b.T.unsqueeze(1) * a.unsqueeze(0)).sum(dim=-1).T  # (out, 1, in) * (1, R, in), summed over in -> (R, out)

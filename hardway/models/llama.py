@@ -406,7 +406,7 @@ def hub_to_hardway_names(config: ModelConfig) -> dict[str, str]:
 def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor], names: dict[str, str]) -> nn.Module:
     """Check that `tensors` (hub names) are exactly what `names` ({hub name: our name}) expects, each of the shape the
     model has, then make them the model's parameters (no copy), the head tied again. Every model file's loader ends
-    here (lessons 19 and 20 give it their own tables of names)."""
+    here (lessons 20 and 21 give it their own tables of names)."""
     tied = getattr(model.config, "tie_word_embeddings", False)
     ignorable = {"lm_head.weight"} if tied else set()  # some tied files still carry it
     missing = [n for n in names if n not in tensors]

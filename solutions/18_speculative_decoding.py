@@ -1,4 +1,4 @@
-"""Reference solutions to lesson 17's exercises (notebooks/17_speculative_decoding.ipynb).
+"""Reference solutions to lesson 18's exercises (notebooks/18_speculative_decoding.ipynb).
 
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """

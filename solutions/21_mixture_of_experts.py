@@ -1,4 +1,4 @@
-"""Reference solutions to lesson 20's exercises (notebooks/20_mixture_of_experts.ipynb).
+"""Reference solutions to lesson 21's exercises (notebooks/21_mixture_of_experts.ipynb).
 
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """

@@ -1,4 +1,4 @@
-"""Reference solutions to lesson 19's exercises (notebooks/19_new_architectures.ipynb).
+"""Reference solutions to lesson 20's exercises (notebooks/20_new_architectures.ipynb).
 
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """

@@ -1,4 +1,4 @@
-"""Reference solutions to lesson 18's exercises (notebooks/18_past_one_machine.ipynb).
+"""Reference solutions to lesson 19's exercises (notebooks/19_past_one_machine.ipynb).
 
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
