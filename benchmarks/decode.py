@@ -129,7 +129,7 @@ def main(argv=None) -> float:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads, every engine (default 2, the course's CPU)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads, every engine (default 2)")
     parser.add_argument("--compile", action="store_true", help="also time hardway's compiled static-shape decode step")
     parser.add_argument("--gemv", action="store_true", help="print each matrix-vector kernel's GB/s (CPU fp32)")
     parser.add_argument("--llama-cpp", metavar="GGUF", help="also time llama.cpp on this GGUF of the same weights")

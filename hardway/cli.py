@@ -194,7 +194,7 @@ def cmd_serve(args) -> int:
     if not 0 <= args.grace <= 3600:  # also refuses nan
         raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
     # --compile SIZES: these batch sizes; by default, where compiling pays (CPU, fp32), the sizes measured fastest on
-    # the course's CPU against vLLM (docs/serving.md): one request alone, 8 and 16 at once (up to --max-batch)
+    # the fastest set against vLLM on a 2-core CPU (docs/serving.md): one request alone, 8 and 16 at once (up to --max-batch)
     compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else \
         (tuple(n for n in DEFAULT_COMPILE_SIZES if n <= args.max_batch) if compile_pays(device, dtype) else ())
     with contextlib.redirect_stdout(sys.stderr):

@@ -25,6 +25,12 @@ DEVELOPMENT = re.compile(r"\bCI\b|(?i:\bcourse is developed\b|\bdevelopment (?:C
                          r"\bnot yet been measured\b|\bwe developed\b)")
 
 
+# A machine the learner does not have, named as if they did: a figure typed in from one run ("on this CPU", "the
+# course's 2-core CPU") reads as a promise about theirs. A lesson says "the cell above measured", or names the machine
+# of a run it cites (docs/ name theirs: they record runs, so they are not read here).
+MACHINE = re.compile(r"(?i)\bthis CPU\b|\bthe course's (?:\d-core )?(?:CPU|machine|computer|VM)\b|\bour (?:CPU|machine)\b|"
+                     r"\b\d-core CPU like\b|\bwhile other work shared the machine\b")
+
 def texts():
     """(where, text) for every cell of every notebook and every text file a learner reads."""
     for path in NOTEBOOKS:
@@ -69,6 +75,12 @@ def test_no_development_words_reach_the_learner():
     assert not found, "words about the course's development:\n" + "\n".join(found)
 
 
+def test_no_lesson_speaks_of_a_machine_the_learner_does_not_have():
+    found = [f"{where}: ...{text[max(0, m.start() - 60):m.end() + 30]!r}..." for where, text in texts()
+             if not where.startswith("docs/") for m in MACHINE.finditer(text)]
+    assert not found, "a machine named as the learner's:\n" + "\n".join(found)
+
+
 def test_no_notebook_asserts_a_timing():
     """A timing depends on the machine and on what else it runs: a lesson prints and plots it, and the benchmarks
     judge speed, so that a lesson runs top to bottom on any machine."""
@@ -95,3 +107,7 @@ def test_the_checks_catch_what_they_look_for():
     assert not DEVELOPMENT.search("Measured on a 2-core CPU (AMD EPYC), 72.7 GB/s; the decision is a CIrcle")
     assert TIMING_ASSERT.search("x = 1\nassert step[16] < 16 * step[1]") and TIMING_ASSERT.search("  assert speedup > 1.5")
     assert not TIMING_ASSERT.search("print(f'{speedup:.1f}x')\nassert torch.equal(a, b)")
+    for phrase in ("1.5x to 1.6x fp32's speed on this CPU", "on the course's 2-core CPU, measured on one thread while "
+                   "other work shared the machine", "On a 2-core CPU like the one of the README's table"):
+        assert MACHINE.search(phrase), phrase
+    assert not MACHINE.search("the cell above measured 1.5x on your CPU; docs/performance.md: a 2-core AMD EPYC")
