@@ -3,6 +3,11 @@
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
 
+import torch
+import torch.nn.functional as F
+
+from hardway.instruments.distributions import chi_square_test, draw_two_tokens
+
 
 # Exercise 1: which rewrite of the rejection rule keeps the distribution. Found by measurement (section 4's
 # instrument), as in `diagnose_rules` below, then explained by reading the rules:
@@ -20,11 +25,6 @@ my_diagnosis = {"keeps": {"D", "E"}, "right_for_lookup": "B"}
 def diagnose_rules(rules, tables, exact, n_runs=40_000, threshold=1e-3):
     """How the answer above is measured: {letter: (p-value with q drawn, p-value with q one-hot)} for each rule, the
     first two tokens of n_runs runs counted by draw_two_tokens and judged by chi_square_test (section 4)."""
-    import torch
-    import torch.nn.functional as F
-
-    from hardway.instruments.distributions import chi_square_test, draw_two_tokens
-
     V = exact.shape[0]
     one_hot = dict(tables) | {name: F.one_hot(tables[name].argmax(-1), V).to(tables[name].dtype)
                               for name in ("q1", "q2", "q3")}  # prompt lookup: the guess is certain

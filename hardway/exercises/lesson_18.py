@@ -85,10 +85,11 @@ SUSPECT_RULES = {"A": _suspect_a, "B": _suspect_b, "C": _suspect_c, "D": _suspec
                  "F": _suspect_f}
 KEEPS = {"D", "E"}  # the rules whose first two tokens follow the model's distribution, for any drafter
 RIGHT_FOR_LOOKUP = "B"  # the broken rule that is exact when q is one-hot on each guess
-WHY_BROKEN = {"A": "the ratio is upside down: a guess the drafter over-proposes is kept more often, not less",
+WHY_BROKEN = {"A": "the ratio is upside down: guesses the drafter proposes more often than the model would are "
+                   "always kept, and those the model likes better are thrown away",
               "B": "p without the guess is max(0, p - q) normalised only when q is one-hot on the guess",
-              "C": "one number for every guess keeps guess 2 with probability min(r1, r2), not r1 r2: the guesses' "
-                   "fates are no longer independent",
+              "C": "one number for every guess keeps guess 2 with probability min(r1, r2), not r1 r2 (r = "
+                   "min(1, p / q)): the guesses' fates are tied together",
               "F": "each guess is judged by the model's distribution one position too late"}
 
 
@@ -111,9 +112,9 @@ def check_rule_diagnosis(my_diagnosis) -> str:
         raise Wrong(f"rule {letter} does not keep the model's distribution: its counts from draw_two_tokens on "
                     f"section 4's tables fail chi_square_test at 0.001.{lookup_hint}")
     for letter in sorted(KEEPS - keeps):
-        raise Wrong(f"rule {letter} keeps the model's distribution: its p-value stays above the 0.001 chosen before "
-                    f"looking, with any generator you start from. A small-looking p-value is not a failure: if a "
-                    f"rule is right, its p-value is uniform on [0, 1]")
+        raise Wrong(f"rule {letter} keeps the model's distribution: its p-value is above the 0.001 chosen before "
+                    f"looking (for a right rule, below it once in a thousand generators). A small-looking p-value is "
+                    f"not a failure: if a rule is right, its p-value is uniform on [0, 1]")
     if not isinstance(lookup, str) or lookup.upper() not in SUSPECT_RULES:
         raise Wrong(f'"right_for_lookup" is one letter of {sorted(SUSPECT_RULES)}, got {lookup!r}')
     lookup = lookup.upper()
