@@ -1,22 +1,36 @@
 """Lesson 18's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
-plausible wrong answers for the reason a learner would need to hear. The greedy rule's check ends inside
-speculative_generate against generate (GPT-2 stand-in); the tokens-per-step check ends with a measurement."""
+plausible wrong answers for the reason a learner would need to hear. The rule diagnosis's answer key is itself
+measured here with section 4's instrument; the tokens-per-step check ends with a measurement."""
+
+import tempfile
 
 import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_18 import check_accept_greedy, check_expected_tokens
-from hardway.formats.hub import checkpoint
+from hardway.exercises.lesson_18 import (KEEPS, RIGHT_FOR_LOOKUP, SUSPECT_RULES, check_expected_tokens,
+                                         check_rule_diagnosis)
+from hardway.decode.speculative import accept_sampled
+from hardway.instruments.distributions import two_token_tables
 from hardway.loading import load
-from hardway.text.tokenizer import load_tokenizer
+
+V = 8
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    folder = checkpoint("openai-community/gpt2")
-    tok = load_tokenizer(folder)
-    return load(folder), torch.tensor([tok.encode("one two three four, one two three four, one two three")])
+def tiny_llama(weights: int):
+    """The lesson's vocabulary-8 Llama (section 4), random weights drawn wide."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(weights)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5)
+    path = tempfile.mkdtemp()
+    hf.save_pretrained(path)
+    return load(path)
 
 
 @pytest.fixture(scope="module")
@@ -24,43 +38,40 @@ def sol():
     return load_solutions("18_speculative_decoding")
 
 
-def test_check_accept_greedy(gpt2, sol):
-    model, ids = gpt2
-    assert check_accept_greedy(None, model, ids).startswith("not attempted yet")
-    result = check_accept_greedy(sol.my_accept_greedy, model, ids)
+def test_the_answer_key_is_what_the_instrument_measures(sol):
+    """The check knows the answer; this proves the answer: section 4's test, on section 4's tables, with guesses drawn
+    by a model and with one-hot guesses, separates the rules exactly as the key says, and accept_sampled passes both."""
+    tables = two_token_tables(tiny_llama(1), tiny_llama(2), torch.tensor([3, 1, 4, 1, 5]))
+    exact = tables["p1"][:, None] * tables["p2"]  # (V, V)
+    p_values, keeps, lookup_only = sol.diagnose_rules(SUSPECT_RULES | {"reference": accept_sampled}, tables, exact)
+    assert keeps == KEEPS | {"reference"}, p_values
+    assert lookup_only == {RIGHT_FOR_LOOKUP}, p_values
+    assert sol.my_diagnosis == {"keeps": KEEPS, "right_for_lookup": RIGHT_FOR_LOOKUP}
+
+
+def test_check_rule_diagnosis(sol):
+    assert check_rule_diagnosis(None).startswith("not attempted yet")
+    result = check_rule_diagnosis(sol.my_diagnosis)
     assert result.startswith("right"), result
-
-    def counts_every_match(draft, choices):  # matches after a disagreement counted too
-        return sum(d == c for d, c in zip(draft, choices))
-
-    def shifted(draft, choices):  # compares guess i with choices[i + 1]
-        kept = 0
-        for d, c in zip(draft, choices[1:]):
-            if d != c:
-                break
-            kept += 1
-        return kept
-
-    def with_the_models_token(draft, choices):  # counts the model's own token as a kept guess
-        return sol.my_accept_greedy(draft, choices) + 1
-
-    def keeps_all(draft, choices):
-        return len(draft)
-
-    def a_list(draft, choices):  # the tokens, not how many
-        return draft[:sol.my_accept_greedy(draft, choices)]
-
-    for wrong_answer, words in [(counts_every_match, "the later ones followed a token that is gone"),
-                                (shifted, "every guess is the model's choice"),
-                                (with_the_models_token, "every guess is the model's choice"),
-                                (keeps_all, "the first guess is wrong"), (a_list, "return an int")]:
-        wrong = check_accept_greedy(wrong_answer, model, ids)
-        assert wrong.startswith("wrong") and words in wrong, (wrong_answer.__name__, wrong)
-
-    def raises(draft, choices):
-        raise NotImplementedError
-
-    assert check_accept_greedy(raises, model, ids).startswith("not attempted yet")
+    assert check_rule_diagnosis({"keeps": ["d", "e"], "right_for_lookup": "b"}).startswith("right")  # any spelling
+    for wrong_answer, words in [
+        # Trusted the code's looks: every rule reads like accept_sampled.
+        ({"keeps": set(SUSPECT_RULES), "right_for_lookup": "B"}, "rule A does not keep"),
+        # Tested with prompt lookup's one-hot guesses only, where B passes.
+        ({"keeps": {"B", "D", "E"}, "right_for_lookup": "B"}, "Did you test it with one-hot guesses?"),
+        # Read a p-value of a few percent as a failure (or judged the log-space rewrite by its looks).
+        ({"keeps": {"E"}, "right_for_lookup": "B"}, "rule D keeps the model's distribution"),
+        # Named a right rule for the second question: it is right for lookup, but not the broken one asked for.
+        ({"keeps": {"D", "E"}, "right_for_lookup": "D"}, "right for every drafter"),
+        # Guessed C (the shared uniform) is harmless when q is one-hot: it is not.
+        ({"keeps": {"D", "E"}, "right_for_lookup": "C"}, "fails with one-hot guesses too"),
+        # The answer as a string of letters, not a set.
+        ({"keeps": "DE", "right_for_lookup": "B"}, "a set of letters"),
+        # Only the first half of the answer.
+        ({"keeps": {"D", "E"}}, "two keys"),
+    ]:
+        wrong = check_rule_diagnosis(wrong_answer)
+        assert wrong.startswith("wrong") and words in wrong, (wrong_answer, wrong)
 
 
 def test_check_expected_tokens(sol):

@@ -38,10 +38,10 @@ class CostAwareGuesses(GuessSchedule):
     """Before each step, the number of guesses m among those of `costs` (0, a plain step, always among them) that
     gives the most expected tokens per unit of time: (1 + a + ... + a^m) / (costs[m] + m * draft_cost).
 
-    costs: {m: the time of a verify step of m guesses / a plain step's}, measured on this machine; draft_cost: the
-    time of drafting one guess / a plain step's (0 for prompt lookup). a, the chance a guess is kept: kept guesses over
-    kept guesses and rejections, each step's counts weighing `memory` times as much one step later, plus one of
-    each, so that with no recent evidence a is one half. At the first step, and after `patience` steps in a row
+    costs: {m: the time of a verify step of m guesses / a plain step's}, measured on the machine that runs it;
+    draft_cost: the time of drafting one guess / a plain step's (0 for prompt lookup). a, the chance a guess is kept:
+    kept guesses over kept guesses and rejections, each step's counts weighing `memory` times as much one step later,
+    plus one of each, so that with no recent evidence a is one half. At the first step, and after `patience` steps in a row
     without a guess, the fewest guesses it can run, whatever a says: without a guess now and then it would never
     learn that guessing pays (again)."""
 
