@@ -31,3 +31,11 @@ def my_saved_tokens(n_system, n_requests, block_size, together):
     # starts with a token nobody else has, so the block that holds it is never found). The partial last block of the
     # system prompt is recomputed by everyone.
     return (n_requests - 1) * (n_system // block_size) * block_size
+
+
+# Exercise 3: the planted mistake. Section 3's requests through planted_engine give other answers than `expected`
+# for the requests that share blocks, and block_states' assert fires after the first request finishes: a block is
+# held and cached at once. Section 2's walk with planted_block_manager shows where: after A finishes its full
+# blocks are cached and evictable (release is right); after B's share_prefix they are held (reference count 1) and
+# still evictable. share_prefix must take them out of `evictable`, or grow may evict a block someone reads.
+my_diagnosis = {"method": "share_prefix"}

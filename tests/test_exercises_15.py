@@ -1,11 +1,15 @@
 """Lesson 15's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
-plausible wrong answers, for the reason a learner would need to hear. Both measure on the real engine with the
-lesson's model (SmolLM2 stand-in): the chat's prefix hits per turn, and the tokens a shared system prompt saves."""
+plausible wrong answers, for the reason a learner would need to hear. The first two measure on the real engine with
+the lesson's model (SmolLM2 stand-in): the chat's prefix hits per turn, and the tokens a shared system prompt saves;
+the third names where a planted mistake is, and a test proves it is there."""
 
 import pytest
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_15 import check_saved_tokens, check_token_prefix
+from hardway.engine.block_manager import PrefixCachingBlockManager
+from hardway.engine.sequence import SamplingParams, Sequence
+from hardway.exercises.lesson_15 import (METHODS, PLANTED_METHOD, check_planted_method, check_saved_tokens,
+                                         check_token_prefix, planted_block_manager)
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.chat import ChatTemplate
@@ -85,3 +89,40 @@ def test_check_saved_tokens(smollm, sol):
                                 (together_as_well, "together"), (last_token_rule, "48 tokens")]:
         wrong = check_saved_tokens(wrong_answer, model, tok)
         assert wrong.startswith("wrong") and words in wrong, (wrong_answer.__name__, wrong)
+
+
+def walk(blocks):
+    """Section 2's walk: A's 14 tokens computed and finished, then B shares A's first two blocks -> B's sequence."""
+    a = Sequence(list(range(1, 13)) + [20, 21], SamplingParams())
+    blocks.grow(a.block_table, len(a.tokens))
+    a.n_cached = len(a.tokens)
+    blocks.cache_blocks(a)
+    blocks.release(a.block_table)
+    b = Sequence(list(range(1, 9)) + [30, 31, 32, 33, 34], SamplingParams())
+    b.n_cached = blocks.share_prefix(b)
+    return b
+
+
+def test_the_planted_mistake_is_where_the_check_says():
+    """The planted block manager leaves a shared block both held and evictable; with the lesson's share_prefix in
+    place of its own, the same walk is right, so the mistake is in share_prefix alone."""
+    planted = planted_block_manager(7, 4)
+    b = walk(planted)
+    assert b.block_table and all(planted.ref_counts[k] == 1 and k in planted.evictable for k in b.block_table)
+    fixed = planted_block_manager(7, 4)
+    fixed.share_prefix = PrefixCachingBlockManager.share_prefix.__get__(fixed)
+    b = walk(fixed)
+    assert b.block_table and not any(k in fixed.evictable for k in b.block_table)
+    assert PLANTED_METHOD == "share_prefix" and PLANTED_METHOD in METHODS
+
+
+def test_check_planted_method(sol):
+    assert check_planted_method(None).startswith("not attempted yet")
+    result = check_planted_method(sol.my_diagnosis)
+    assert result.startswith("right"), result
+    # evict: where the damage shows (it hands out a block a request still reads), not where it was done. release:
+    # it is the method that puts blocks in `evictable`. A bare string: the answer without the dict asked for.
+    for wrong_answer, words in [({"method": "evict"}, "not in evict"), ({"method": "release"}, "not in release"),
+                                ("share_prefix", "give a dict"), ({"method": "share"}, "must be one of")]:
+        wrong = check_planted_method(wrong_answer)
+        assert wrong.startswith("wrong") and words in wrong, (wrong_answer, wrong)
