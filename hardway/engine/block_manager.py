@@ -79,8 +79,8 @@ class PrefixCachingBlockManager(BlockManager):
     Every block is free (no key, nobody holds it), held (ref_counts[block] block tables list it), or cached and
     unheld (`evictable`: its keys and values kept for whoever asks for the same prefix, until the pool needs the
     block, least recently used first). `cached` maps a key to the block a lookup finds; `key_of` maps back, for
-    every full block whose keys and values are computed. `block_key` makes the keys (replaceable, for the
-    exercises)."""
+    every full block whose keys and values are computed. `block_key` makes the keys (a parameter, so that a test
+    can try another)."""
 
     caches_prefixes = True
 
