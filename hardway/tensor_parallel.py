@@ -11,7 +11,7 @@ table for a contiguous range of token ids, looks up only those (an all-reduce ad
 those logits (an all-gather joins them). Each rank caches the keys and values of its own heads. Only the position
 embeddings and the layer norms stay whole on every rank.
 
-    run = run_tensor_parallel(folder, prompt_ids, n_new=16, world=2)  # two processes, gloo on 127.0.0.1
+    run = run_tensor_parallel(model, prompt_ids, n_new=16, world=2)  # two processes, gloo on 127.0.0.1
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hardway.decode.kv_cache import KVCache
-from hardway.loading import load
 from hardway.models.gpt2 import GPT, LayerNorm, attention, causal_mask, gelu_tanh
 
 
@@ -302,14 +301,14 @@ class TPRun:
     all_reduce_seconds: dict[int, float] = field(default_factory=dict)  # values -> median seconds
 
 
-def _rank_main(rank: int, world: int, port: int, folder: str, prompt_ids: list[int], n_new: int, sizes: list[int],
-               repeats: int, out: str) -> None:
-    """One process of run_tensor_parallel: join the group, keep this rank's slices, generate, time the all-reduce,
+def _rank_main(rank: int, world: int, port: int, shards_path: str, prompt_ids: list[int], n_new: int,
+               sizes: list[int], repeats: int, out: str) -> None:
+    """One process of run_tensor_parallel: join the group, read this rank's slices, generate, time the all-reduce,
     report (rank 0)."""
     torch.set_num_threads(1)  # one core per rank: the ranks share the machine's cores
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        shards = shard_gpt2(load(folder), rank, world)  # the whole model is freed once the slices are taken
+        shards = torch.load(shards_path.format(rank), weights_only=False)  # a RankShards: this rank's slices, nothing else
         group = ProcessGroup()
         gen = tp_generate([shards], prompt_ids, n_new, group)
         sweep = all_reduce_seconds(sizes, repeats)
@@ -320,17 +319,21 @@ def _rank_main(rank: int, world: int, port: int, folder: str, prompt_ids: list[i
         dist.destroy_process_group()
 
 
-def run_tensor_parallel(folder, prompt_ids: list[int], n_new: int, world: int = 2, sizes: list[int] = (),
+def run_tensor_parallel(model: GPT, prompt_ids: list[int], n_new: int, world: int = 2, sizes: list[int] = (),
                         repeats: int = 5) -> TPRun:
-    """Generate greedily with GPT-2 split over `world` CPU processes that talk through gloo on 127.0.0.1 (as
-    torchrun would start them, but from here); then time one all-reduce of each of `sizes` fp32 values."""
+    """Generate greedily with a GPT-2 split over `world` CPU processes that talk through gloo on 127.0.0.1 (as
+    torchrun would start them, but from here); then time one all-reduce of each of `sizes` fp32 values. The slices
+    are cut here and each process reads only its own from a file (vLLM's workers each read theirs from the
+    checkpoint)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     loopback = next(name for _, name in socket.if_nameindex() if name.startswith("lo"))  # lo (Linux), lo0 (macOS)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)  # gloo's own connections: the loopback interface only
     with tempfile.TemporaryDirectory() as tmp:
+        for rank in range(world):
+            torch.save(shard_gpt2(model, rank, world), os.path.join(tmp, f"rank{rank}.shards"))
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_rank_main, args=(world, port, str(folder), list(prompt_ids), n_new, list(sizes), repeats,
-                                             out), nprocs=world, join=True, start_method="spawn")
+        mp.start_processes(_rank_main, args=(world, port, os.path.join(tmp, "rank{}.shards"), list(prompt_ids), n_new,
+                                             list(sizes), repeats, out), nprocs=world, join=True, start_method="spawn")
         return torch.load(out, weights_only=False)
