@@ -2,46 +2,53 @@
 
 """Tensor parallelism as Megatron-LM introduced it and vLLM runs it (`--tensor-parallel-size`), on GPT-2.
 
-Each of `world` ranks holds a 1/world slice of every block: its own attention heads (q, k, v rows: column
-parallel) with the matching columns of the attention's output projection (row parallel), and its own slice of the
-MLP's hidden units (c_fc rows, c_proj columns). A rank's half of a block gives a partial sum of the block's output;
-one all-reduce adds the partial sums of every rank, after the attention and after the MLP. The embeddings, the
-norms and the head are small here and stay whole on every rank.
+Each of `world` ranks holds a 1/world slice of every block: its own attention heads (q, k, v: column parallel) with
+the matching inputs of the attention's output projection (row parallel), and its own slice of the MLP's hidden
+units (c_fc column parallel, c_proj row parallel). A rank's slice of a block gives a partial sum of the block's
+output; one all-reduce adds every rank's, after the attention and after the MLP. The vocabulary is split the same
+way, as vLLM's VocabParallelEmbedding and ParallelLMHead split it: each rank holds the rows of the tied embedding
+table for a contiguous range of token ids, looks up only those (an all-reduce adds the lookups) and computes only
+those logits (an all-gather joins them). Each rank caches the keys and values of its own heads. Only the position
+embeddings and the layer norms stay whole on every rank.
 
-    out = run_tensor_parallel(folder, prompt_ids, n_new=16, world=2)  # two processes, gloo on 127.0.0.1
+    run = run_tensor_parallel(model, prompt_ids, n_new=16, world=2)  # two processes, gloo on 127.0.0.1
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import statistics
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch import nn
 
-from hardway.loading import load
-from hardway.models.gpt2 import GPT, LayerNorm, attention, causal_mask, embed_tokens, gelu_tanh
+from hardway.decode.kv_cache import KVCache
+from hardway.models.gpt2 import GPT, LayerNorm, attention, causal_mask, gelu_tanh
 
 
 @dataclass
 class BlockShard:
-    """One rank's slice of one GPT-2 block. Shapes for GPT-2 small (C = 768, 12 heads, 4C = 3072) on 2 ranks."""
-    ln_1: LayerNorm            # whole on every rank (C numbers)
+    """One rank's slice of one GPT-2 block, in nn.Linear's (out, in) storage. Shapes for GPT-2 small (C = 768,
+    12 heads, 4C = 3072) on 2 ranks."""
+    ln_1: LayerNorm            # whole on every rank (2C numbers)
     ln_2: LayerNorm
     n_heads: int               # this rank's heads: n_head / world (6)
     head_dim: int              # 64
-    qkv_weight: torch.Tensor   # (3 * n_heads * head_dim, C): the q, k and v rows of this rank's heads
+    qkv_weight: torch.Tensor   # (3 * n_heads * head_dim, C): c_attn.weight's rows for this rank's heads' q, k and v
     qkv_bias: torch.Tensor     # (3 * n_heads * head_dim,)
-    proj_weight: torch.Tensor  # (C, n_heads * head_dim): attn.c_proj's columns that read those heads
-    proj_bias: torch.Tensor    # (C,): added once, after the all-reduce
-    fc_weight: torch.Tensor    # (4C / world, C): this rank's hidden units
+    proj_weight: torch.Tensor  # (C, n_heads * head_dim): attn.c_proj.weight's columns that read those heads
+    proj_bias: torch.Tensor | None  # (C,) on rank 0, None on the others: the sum over ranks holds it once
+    fc_weight: torch.Tensor    # (4C / world, C): c_fc.weight's rows, this rank's hidden units
     fc_bias: torch.Tensor      # (4C / world,)
-    fc_proj_weight: torch.Tensor  # (C, 4C / world): mlp.c_proj's columns that read them
-    fc_proj_bias: torch.Tensor    # (C,): added once, after the all-reduce
+    fc_proj_weight: torch.Tensor  # (C, 4C / world): mlp.c_proj.weight's columns that read them
+    fc_proj_bias: torch.Tensor | None  # (C,) on rank 0, None on the others
 
 
 def check_divisible(n_head: int, d_mlp: int, world: int) -> None:
@@ -61,116 +68,272 @@ def shard_qkv(weight: torch.Tensor, bias: torch.Tensor, rank: int, world: int) -
 
 
 def shard_block(block, rank: int, world: int) -> BlockShard:
-    """Rank's BlockShard of a GPT-2 Block: copies of its slices, so the whole block can be freed."""
+    """Rank's BlockShard of a GPT-2 Block: copies of its slices, so the whole block can be freed. The row-parallel
+    layers' biases go to rank 0 alone (vLLM's RowParallelLinear does the same)."""
     attn, mlp = block.attn, block.mlp
     check_divisible(attn.n_head, mlp.c_fc.out_features, world)
     C, units = attn.n_embd, mlp.c_fc.out_features // world
     heads = slice(rank * C // world, (rank + 1) * C // world)  # this rank's heads' columns of c_proj's input
     qkv_weight, qkv_bias = shard_qkv(attn.c_attn.weight, attn.c_attn.bias, rank, world)
     hidden = slice(rank * units, (rank + 1) * units)
+
+    def once(bias: torch.Tensor) -> torch.Tensor | None:
+        return bias.clone() if rank == 0 else None
+
     return BlockShard(block.ln_1, block.ln_2, attn.n_head // world, attn.head_dim, qkv_weight, qkv_bias,
-                      attn.c_proj.weight[:, heads].clone(), attn.c_proj.bias.clone(),
+                      attn.c_proj.weight[:, heads].clone(), once(attn.c_proj.bias),
                       mlp.c_fc.weight[hidden].clone(), mlp.c_fc.bias[hidden].clone(),
-                      mlp.c_proj.weight[:, hidden].clone(), mlp.c_proj.bias.clone())
+                      mlp.c_proj.weight[:, hidden].clone(), once(mlp.c_proj.bias))
 
 
-def shard_gpt2(model: GPT, rank: int, world: int) -> list[BlockShard]:
-    return [shard_block(block, rank, world) for block in model.h]
-
-
-def attention_partial(shard: BlockShard, x: torch.Tensor) -> torch.Tensor:
-    """x (B, T, C), normed -> this rank's heads through its columns of c_proj: (B, T, C), a partial sum, no bias."""
+def attention_partial(shard: BlockShard, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                      start_pos: int = 0) -> torch.Tensor:
+    """x (B, T, C), normed -> this rank's heads through its columns of c_proj: (B, T, C), a partial sum (the bias
+    in rank 0's only). With `cache` (this rank's heads' KVCache), the keys and values of positions before start_pos
+    come from it, and this pass's are written to it."""
     B, T, _ = x.shape
     q, k, v = F.linear(x, shard.qkv_weight, shard.qkv_bias).split(shard.n_heads * shard.head_dim, dim=2)
     q, k, v = (t.view(B, T, shard.n_heads, shard.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, h, T, d)
-    y, _ = attention(q, k, v, causal_mask(T, T, device=x.device) if T > 1 else None)  # (B, h, T, d)
-    return F.linear(y.transpose(1, 2).reshape(B, T, -1), shard.proj_weight)  # (B, T, C)
+    if cache is not None:
+        k, v = cache.update(layer, start_pos, k, v)  # (B, h, S, d), S = start_pos + T: this rank's heads only
+    y, _ = attention(q, k, v, causal_mask(T, k.size(2), device=x.device) if T > 1 else None)  # (B, h, T, d)
+    return F.linear(y.transpose(1, 2).reshape(B, T, -1), shard.proj_weight, shard.proj_bias)  # (B, T, C)
 
 
 def mlp_partial(shard: BlockShard, x: torch.Tensor) -> torch.Tensor:
-    """x (B, T, C), normed -> this rank's hidden units through its columns of c_proj: (B, T, C), a partial sum. GELU
-    acts on each unit alone, so a rank applies it to its own units with nothing to wait for."""
-    return F.linear(gelu_tanh(F.linear(x, shard.fc_weight, shard.fc_bias)), shard.fc_proj_weight)  # (B, T, C)
+    """x (B, T, C), normed -> this rank's hidden units through its columns of c_proj: (B, T, C), a partial sum (the
+    bias in rank 0's only). GELU acts on each unit alone, so a rank applies it to its own units with nothing to wait
+    for."""
+    hidden = gelu_tanh(F.linear(x, shard.fc_weight, shard.fc_bias))  # (B, T, 4C / world)
+    return F.linear(hidden, shard.fc_proj_weight, shard.fc_proj_bias)  # (B, T, C)
+
+
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE: the table is padded to a multiple of it, then split
+
+
+def padded_vocab(vocab_size: int, world: int, pad_to: int = VOCAB_PADDING) -> int:
+    """vocab_size rounded up to a multiple of pad_to, as vLLM pads it; the padded table must split evenly."""
+    padded = -(-vocab_size // pad_to) * pad_to
+    if padded % world:
+        raise ValueError(f"a vocabulary of {vocab_size} tokens, padded to {padded}, does not split evenly over "
+                         f"{world} ranks")
+    return padded
+
+
+@dataclass
+class VocabShard:
+    """One rank's rows of the tied embedding table (and head): token ids start .. start + rows - 1."""
+    weight: torch.Tensor  # (V_pad / world, C): wte's rows from start; rows past the real vocabulary are zeros
+    start: int            # the first token id this rank holds
+    vocab_size: int       # V: ids V .. V_pad - 1 are padding, never a token
+
+
+def shard_vocab(table: torch.Tensor, rank: int, world: int) -> VocabShard:
+    """Rank's contiguous slice of the (V, C) table, padded with zero rows to V_pad / world rows."""
+    V, C = table.shape
+    rows = padded_vocab(V, world) // world
+    start = rank * rows
+    weight = torch.zeros(rows, C, dtype=table.dtype)  # (V_pad / world, C)
+    real = table[start:start + rows]  # (<= rows, C): the last rank's slice runs into the padding
+    weight[:len(real)] = real
+    return VocabShard(weight, start, V)
+
+
+def embed_partial(vocab: VocabShard, input_ids: torch.Tensor) -> torch.Tensor:
+    """input_ids (B, T) -> (B, T, C): the rows of the ids this rank holds, zeros for the others. Summed over the
+    ranks (an all-reduce), every id has its row exactly once."""
+    local = input_ids - vocab.start  # (B, T): the row in this shard, where the id is here
+    mine = (local >= 0) & (local < vocab.weight.shape[0])  # (B, T)
+    rows = F.embedding(local.clamp(0, vocab.weight.shape[0] - 1), vocab.weight)  # (B, T, C)
+    return rows.masked_fill(~mine.unsqueeze(-1), 0.0)  # (B, T, C)
+
+
+def logits_partial(vocab: VocabShard, h: torch.Tensor) -> torch.Tensor:
+    """h (B, T, C), after the final norm -> this rank's slice of the logits, (B, T, V_pad / world): ids start.. ;
+    the padding ids' are -inf, so no argmax or softmax picks them."""
+    logits = F.linear(h, vocab.weight)  # (B, T, V_pad / world)
+    ids = vocab.start + torch.arange(vocab.weight.shape[0], device=h.device)  # (V_pad / world,)
+    return logits.masked_fill(ids >= vocab.vocab_size, float("-inf"))
+
+
+@dataclass
+class RankShards:
+    """Everything one rank holds of GPT-2."""
+    vocab: VocabShard        # its rows of the tied embedding table and head
+    wpe: nn.Embedding        # the position embeddings, whole (n_positions, C)
+    blocks: list[BlockShard]
+    ln_f: LayerNorm          # whole
+
+
+def shard_gpt2(model: GPT, rank: int, world: int) -> RankShards:
+    """Rank's shards of a GPT-2: once taken, the whole blocks and table can be freed."""
+    return RankShards(shard_vocab(model.wte.weight, rank, world), model.wpe,
+                      [shard_block(block, rank, world) for block in model.h], model.ln_f)
 
 
 @torch.inference_mode()
-def tp_forward(model: GPT, ranks: list[list[BlockShard]], input_ids: torch.Tensor, all_reduce=None,
-               mlp=mlp_partial) -> torch.Tensor:
-    """GPT-2's forward pass over sharded blocks: input_ids (B, T) -> logits (B, T, V).
+def tp_forward(ranks: list[RankShards], input_ids: torch.Tensor, start_pos: int = 0,
+               caches: list[KVCache] | None = None, group=None) -> torch.Tensor:
+    """GPT-2's forward pass over shards: input_ids (B, T) at positions start_pos.. -> logits (B, T, V).
 
-    `ranks` holds the shards this process computes, one list per rank: [mine] under torch.distributed, where
-    `all_reduce` (dist.all_reduce) adds every process's partial sums in place; or every rank's, in one process,
-    where the sum over `ranks` is the all-reduce. Either way a block is two partial sums, each reduced once."""
-    x = embed_tokens(model.wte, model.wpe, input_ids)  # (B, T, C), whole on every rank
-    for layer in range(len(ranks[0])):
-        first = ranks[0][layer]
-        h = first.ln_1(x)  # (B, T, C)
-        a = sum(attention_partial(r[layer], h) for r in ranks)  # (B, T, C): this process's heads
-        if all_reduce is not None:
-            all_reduce(a)  # (B, T, C): every rank's heads
-        x = x + a + first.proj_bias
-        h = first.ln_2(x)
-        m = sum(mlp(r[layer], h) for r in ranks)  # (B, T, C)
-        if all_reduce is not None:
-            all_reduce(m)
-        x = x + m + first.fc_proj_bias
-    return F.linear(model.ln_f(x), model.wte.weight)  # (B, T, V): the tied head, whole on every rank
+    `ranks` holds the shards this process computes: [mine] under torch.distributed, where `group` (a ProcessGroup)
+    adds every process's partial sums and joins every process's logits; or every rank's, in one process (group None),
+    where the sum over `ranks` is the all-reduce and their concatenation the all-gather. `caches`: one KVCache per
+    entry of `ranks`, holding its heads only."""
+    if group is not None:
+        group.begin_pass()
+
+    def reduce(partials) -> torch.Tensor:  # (B, T, C) partial sums of this process's ranks -> every rank's total
+        total = sum(partials)
+        if group is not None:
+            group.all_reduce(total)
+        return total
+
+    T = input_ids.shape[1]
+    caches = caches or [None] * len(ranks)
+    x = reduce(embed_partial(r.vocab, input_ids) for r in ranks)  # (B, T, C): each id's row, from its rank
+    x = x + ranks[0].wpe(start_pos + torch.arange(T, device=input_ids.device))  # (B, T, C): positions, whole
+    for layer, block in enumerate(ranks[0].blocks):
+        h = block.ln_1(x)  # (B, T, C): the norms are whole on every rank
+        x = x + reduce(attention_partial(r.blocks[layer], h, c, layer, start_pos) for r, c in zip(ranks, caches))
+        h = block.ln_2(x)  # (B, T, C)
+        x = x + reduce(mlp_partial(r.blocks[layer], h) for r in ranks)  # (B, T, C)
+    h = ranks[0].ln_f(x)  # (B, T, C)
+    logits = torch.cat([logits_partial(r.vocab, h) for r in ranks], dim=-1)  # (B, T, this process's ranks' ids)
+    if group is not None:
+        logits = group.all_gather(logits)  # (B, T, V_pad): every rank's slice, in rank order
+    return logits[..., :ranks[0].vocab.vocab_size]  # (B, T, V): the padding cut off
 
 
-def tp_greedy(model: GPT, ranks: list[list[BlockShard]], prompt_ids: list[int], n_new: int,
-              all_reduce=None) -> list[int]:
-    """n_new greedy tokens after prompt_ids, each from a full forward pass of the text so far (no KV cache: each rank
-    would keep its own heads' keys and values, a 1/world share of the cache). Every rank computes the same logits,
-    so every rank picks the same token, with nothing to send."""
-    ids = list(prompt_ids)
-    for _ in range(n_new):
-        logits = tp_forward(model, ranks, torch.tensor([ids]), all_reduce)  # (1, T, V)
-        ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
+@dataclass
+class Generated:
+    new_ids: list[int]          # the greedy tokens
+    prompt_logits: torch.Tensor  # (T, V): the prompt's pass
+    step_seconds: list[float]   # each decode step's wall time (the prompt's pass not included)
+    cache_bytes: int            # the KV caches this process held
+
+
+@torch.inference_mode()
+def tp_generate(ranks: list[RankShards], prompt_ids: list[int], n_new: int, group=None) -> Generated:
+    """n_new greedy tokens after prompt_ids, with one KVCache per rank of its own heads: the prompt in one pass,
+    then one token a pass. Every rank computes the same logits, so every rank picks the same token."""
+    first = ranks[0].blocks[0]
+    length = len(prompt_ids) + n_new
+    if n_new < 1 or length > ranks[0].wpe.num_embeddings:
+        raise ValueError(f"{len(prompt_ids)} prompt tokens and {n_new} new ones do not fit GPT-2's "
+                         f"{ranks[0].wpe.num_embeddings} positions (n_new must be at least 1)")
+    caches = [KVCache(len(r.blocks), 1, length, first.n_heads, first.head_dim) for r in ranks]
+    logits = tp_forward(ranks, torch.tensor([prompt_ids]), 0, caches, group)  # (1, T, V)
+    new, seconds = [int(logits[0, -1].argmax())], []
+    prompt_logits = logits[0]
+    while len(new) < n_new:
+        start = time.perf_counter()
+        step = tp_forward(ranks, torch.tensor([new[-1:]]), len(prompt_ids) + len(new) - 1, caches, group)  # (1, 1, V)
+        new.append(int(step[0, -1].argmax()))
+        seconds.append(time.perf_counter() - start)
+    return Generated(new, prompt_logits, seconds, sum(c.nbytes for c in caches))
+
+
+@dataclass
+class Collective:
+    """One collective call, as this rank made it."""
+    kind: str             # "all_reduce" or "all_gather"
+    n_values: int         # the tensor this rank put in (an all-gather's: this rank's slice)
+    bytes_per_value: int
+
+
+class ProcessGroup:
+    """The two collectives tp_forward needs, over torch.distributed's default group, each logged and timed by
+    forward pass (tp_forward calls begin_pass)."""
+
+    def __init__(self):
+        self.world = dist.get_world_size()
+        self.passes: list[list[Collective]] = []  # each forward pass's collectives, in order
+        self.seconds: list[float] = []            # each pass's wall time inside them, waiting for the others included
+
+    def begin_pass(self) -> None:
+        self.passes.append([])
+        self.seconds.append(0.0)
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        start = time.perf_counter()
+        dist.all_reduce(t)  # sum over the ranks, in place: every rank gets the same total
+        self.seconds[-1] += time.perf_counter() - start
+        self.passes[-1].append(Collective("all_reduce", t.numel(), t.element_size()))
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's t, joined along the last dimension in rank order."""
+        start = time.perf_counter()
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t.contiguous())
+        self.seconds[-1] += time.perf_counter() - start
+        self.passes[-1].append(Collective("all_gather", t.numel(), t.element_size()))
+        return torch.cat(parts, dim=-1)
+
+
+def all_reduce_seconds(sizes: list[int], repeats: int) -> dict[int, float]:
+    """The median wall time of dist.all_reduce on an fp32 tensor of each size (values), after one warm-up call.
+    Every rank must call it with the same sizes; a barrier before each call lines the ranks up, so the time is the
+    collective's, not one rank waiting for the other to arrive."""
+    medians = {}
+    for n in sizes:
+        t = torch.ones(n)
+        dist.all_reduce(t)  # warm-up: the first call of a size sets up gloo's buffers
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            times.append(time.perf_counter() - start)
+        medians[n] = statistics.median(times)
+    return medians
 
 
 @dataclass
 class TPRun:
     """What rank 0 saw."""
-    new_ids: list[int]          # the greedy tokens
+    new_ids: list[int]           # the greedy tokens
     prompt_logits: torch.Tensor  # (T, V): the prompt's logits, from the sharded model
-    n_all_reduces: int          # calls, over the whole run
-    bytes_reduced: int          # the sum of the tensors' sizes those calls reduced
+    collectives: list[list[Collective]]  # each forward pass's: the prompt's, then each decode step's
+    step_seconds: list[float]    # each decode step's wall time
+    collective_seconds: list[float]  # of which inside collectives
+    cache_bytes: int             # rank 0's KV cache
+    all_reduce_seconds: dict[int, float] = field(default_factory=dict)  # values -> median seconds
 
 
-def _rank_main(rank: int, world: int, port: int, folder: str, prompt_ids: list[int], n_new: int, out: str) -> None:
-    """One process of run_tensor_parallel: join the group, keep this rank's slices, generate, report (rank 0)."""
+def _rank_main(rank: int, world: int, port: int, shards_path: str, prompt_ids: list[int], n_new: int,
+               sizes: list[int], repeats: int, out: str) -> None:
+    """One process of run_tensor_parallel: join the group, read this rank's slices, generate, time the all-reduce,
+    report (rank 0)."""
     torch.set_num_threads(1)  # one core per rank: the ranks share the machine's cores
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        model = load(folder)
-        ranks = [shard_gpt2(model, rank, world)]
-        del model.h  # the whole blocks: what a rank no longer needs (on a GPU, the memory tensor parallelism frees)
-        counted = {"calls": 0, "bytes": 0}
-
-        def all_reduce(t: torch.Tensor) -> None:
-            counted["calls"] += 1
-            counted["bytes"] += t.numel() * t.element_size()
-            dist.all_reduce(t)  # sum over the ranks, in place: every rank gets the same total
-
-        logits = tp_forward(model, ranks, torch.tensor([prompt_ids]), all_reduce)[0]  # (T, V)
-        new_ids = tp_greedy(model, ranks, prompt_ids, n_new, all_reduce)
+        shards = torch.load(shards_path.format(rank), weights_only=False)  # a RankShards: this rank's slices, nothing else
+        group = ProcessGroup()
+        gen = tp_generate([shards], prompt_ids, n_new, group)
+        sweep = all_reduce_seconds(sizes, repeats)
         if rank == 0:  # to a file: a pipe would block this rank on megabytes of logits until the parent reads them
-            torch.save(TPRun(new_ids, logits.clone(), counted["calls"], counted["bytes"]), out)
+            torch.save(TPRun(gen.new_ids, gen.prompt_logits.clone(), group.passes, gen.step_seconds,
+                             group.seconds[1:], gen.cache_bytes, sweep), out)
     finally:
         dist.destroy_process_group()
 
 
-def run_tensor_parallel(folder, prompt_ids: list[int], n_new: int, world: int = 2) -> TPRun:
-    """Generate greedily with GPT-2 split over `world` CPU processes that talk through gloo on 127.0.0.1 (as
-    torchrun would start them, but from here)."""
+def run_tensor_parallel(model: GPT, prompt_ids: list[int], n_new: int, world: int = 2, sizes: list[int] = (),
+                        repeats: int = 5) -> TPRun:
+    """Generate greedily with a GPT-2 split over `world` CPU processes that talk through gloo on 127.0.0.1 (as
+    torchrun would start them, but from here); then time one all-reduce of each of `sizes` fp32 values. The slices
+    are cut here and each process reads only its own from a file (vLLM's workers each read theirs from the
+    checkpoint)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     loopback = next(name for _, name in socket.if_nameindex() if name.startswith("lo"))  # lo (Linux), lo0 (macOS)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)  # gloo's own connections: the loopback interface only
     with tempfile.TemporaryDirectory() as tmp:
+        for rank in range(world):
+            torch.save(shard_gpt2(model, rank, world), os.path.join(tmp, f"rank{rank}.shards"))
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_rank_main, args=(world, port, str(folder), list(prompt_ids), n_new, out), nprocs=world,
-                           join=True, start_method="spawn")
+        mp.start_processes(_rank_main, args=(world, port, os.path.join(tmp, "rank{}.shards"), list(prompt_ids), n_new,
+                                             list(sizes), repeats, out), nprocs=world, join=True, start_method="spawn")
         return torch.load(out, weights_only=False)

@@ -3,29 +3,51 @@
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
 import torch
-import torch.nn.functional as F
 
-from hardway.models.gpt2 import gelu_tanh
-
-
-# Exercise 1: a rank's rows of c_attn.
-def my_shard_qkv(weight, bias, rank, world):
-    # The rows are [q | k | v], each C long, heads side by side inside each: take the same slice of all three.
-    C = weight.shape[1]
-    lo, hi = rank * C // world, (rank + 1) * C // world
-    rows = torch.cat([torch.arange(part * C + lo, part * C + hi) for part in range(3)])
-    return weight[rows], bias[rows]
+from hardway.tensor_parallel import attention_partial, mlp_partial
 
 
-# Exercise 2: a rank's part of the MLP.
-def my_mlp_partial(shard, x):
-    # Column parallel then row parallel: GELU needs only this rank's own units; c_proj's bias waits for the sum.
-    hidden = gelu_tanh(F.linear(x, shard.fc_weight, shard.fc_bias))  # (B, T, 4C / world)
-    return F.linear(hidden, shard.fc_proj_weight)  # (B, T, C), no bias
+# Exercise 1: greedy without gathering the logits.
+def my_greedy_pick(logits, vocab_start, all_gather):
+    # Each rank's best logit and the id it belongs to (torch.max takes the first of equal values: the lowest id).
+    best, where = logits.max(dim=-1)  # (rows,), (rows,)
+    ids = (where + vocab_start).to(best.dtype)  # (rows,): fp32 holds every id below 2**24 exactly
+    gathered = torch.stack(all_gather(torch.stack([best, ids], dim=-1)))  # (world, rows, 2): 2 values a row each
+    # The rank with the largest best; argmax takes the first on a tie, and lower ranks hold lower ids, so the
+    # lowest tied id wins, as one process's argmax over the whole vocabulary would pick.
+    rank = gathered[..., 0].argmax(dim=0)  # (rows,)
+    return gathered[rank, torch.arange(rank.shape[0]), 1].long()  # (rows,)
+
+
+# Exercise 2: the planted mistakes, found with diagnose below, then written down.
+my_diagnosis = [{"layer": 3, "half": "mlp", "fault": "bias"}, {"layer": 8, "half": "attention", "fault": "heads"}]
+
+
+def diagnose(model, ranks, input_ids, tol=1e-4):
+    """Every block on the whole model's own input to it: each half's partial sums over the ranks against the whole
+    half. Where they differ, a difference that is the same vector at every position is a bias counted twice; one
+    that changes from token to token is the rows (heads in the attention, hidden units in the MLP)."""
+    found = []
+    with torch.no_grad():
+        x = model.embed(input_ids)  # (1, T, C)
+        for layer, block in enumerate(model.h):
+            for half, norm, whole, partial in (("attention", block.ln_1, block.attn, attention_partial),
+                                               ("mlp", block.ln_2, block.mlp, mlp_partial)):
+                h = norm(x)  # (1, T, C)
+                diff = sum(partial(r.blocks[layer], h) for r in ranks) - whole(h)  # (1, T, C)
+                if diff.abs().max() > tol:
+                    same_everywhere = (diff - diff[:, :1]).abs().max() < tol
+                    rows = "heads" if half == "attention" else "units"
+                    found.append({"layer": layer, "half": half, "fault": "bias" if same_everywhere else rows})
+            x = block(x)  # the whole model's stream: the next block's input, free of the mistakes before it
+    return found
 
 
 # Exercise 3: the bytes each rank sends in one forward pass.
-def my_bytes_sent(n_layer, n_embd, n_tokens, world, bytes_per_value):
-    # Two all-reduces a block (attention, MLP), each of the (tokens, C) residual stream; a ring all-reduce sends
-    # 2(w - 1)/w of it from every rank: a reduce-scatter, then an all-gather.
-    return 2 * n_layer * 2 * (world - 1) / world * n_tokens * n_embd * bytes_per_value
+def my_bytes_sent(n_layer, n_embd, vocab_size, n_tokens, world, bytes_per_value):
+    # 2L + 1 all-reduces of the (tokens, C) stream (the embedding, then two a block), each sending 2(w - 1)/w of it
+    # from every rank (a reduce-scatter, then an all-gather); one all-gather of the (tokens, V_pad) logits, each rank
+    # sending its slice to the w - 1 others: (w - 1)/w of the whole.
+    reduces = (2 * n_layer + 1) * 2 * (world - 1) / world * n_tokens * n_embd
+    gather = (world - 1) / world * n_tokens * vocab_size
+    return (reduces + gather) * bytes_per_value
