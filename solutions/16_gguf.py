@@ -6,7 +6,6 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 import struct
 
 import numpy as np
-import torch
 
 # (weights per block, bytes per block) of each type the exercises ask about.
 BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
@@ -73,20 +72,7 @@ def walk_to_the_data(path) -> tuple[int, int]:
     return pos, alignment
 
 
-# Exercise 4: half a byte a weight, plus an fp16 scale and an fp16 minimum for every group of every row.
-def my_int4_bytes(out_features: int, in_features: int, group_size: int) -> int:
-    return out_features * in_features // 2 + out_features * (in_features // group_size) * (2 + 2)
-
-
-# Exercise 5: the row's largest |w| becomes 127; every weight is rounded to the nearest step.
-def my_quantize_int8_row(row):
-    scale = row.abs().max().item() / 127
-    if scale == 0:
-        return torch.zeros(row.shape, dtype=torch.int8), 0.0
-    return torch.round(row / scale).clamp(-127, 127).to(torch.int8), scale
-
-
-# Exercise 6: Q4_K's 12 bytes. Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins). Sub-blocks 4-7:
+# Exercise 4: Q4_K's 12 bytes. Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins). Sub-blocks 4-7:
 # the low 4 bits from byte 8+j (scale in its low nibble, min in its high one), the top 2 bits from the 2 bits left
 # over at the top of byte j (scale) and byte 4+j (min).
 def my_unpack_scales_mins(packed: bytes):
