@@ -6,7 +6,7 @@ import torch
 
 from exercise_solutions import load_solutions
 from hardway.formats.gguf import smollm2_gguf
-from hardway.exercises.lesson_17 import check_int4_bytes, check_int8_row
+from hardway.exercises.lesson_17 import check_int4_bytes, check_int8_row_errors
 
 
 @pytest.fixture(scope="module")
@@ -41,32 +41,24 @@ def test_check_int4_bytes(solution):
         assert verdict.startswith("wrong:") and "half a byte a weight" in verdict, (wrong.__name__, verdict)
 
 
-def test_check_int8_row(solution, path):
-    assert check_int8_row(None, path).startswith("not attempted yet")
-    assert check_int8_row(solution.my_quantize_int8_row, path).startswith("right")
+def test_check_int8_row_errors(solution, path):
+    assert check_int8_row_errors(None, path).startswith("not attempted yet")
+    verdict = check_int8_row_errors(solution.my_int8_row_error, path)
+    assert verdict.startswith("right") and "worst row" in verdict, verdict
 
-    def over_128(row):
-        scale = row.abs().max().item() / 128
-        return (torch.round(row / scale) if scale else torch.zeros_like(row)), scale
+    def largest_error(w):  # half a step, the worst a single weight can be off: the RMS is step / sqrt(12)
+        return w.abs().amax(dim=1) / 127 / 2 / w.pow(2).mean(dim=1).sqrt()
 
-    def largest_positive(row):  # max, not max |w|: a row whose largest |w| is negative overflows
-        scale = row.max().item() / 127
-        return (torch.round(row / scale).clamp(-127, 127) if scale > 0 else torch.zeros_like(row)), scale
+    def absolute(w):  # the error's RMS, not relative to the row
+        return w.abs().amax(dim=1) / 127 / 12 ** 0.5
 
-    def truncated(row):
-        scale = row.abs().max().item() / 127
-        return (torch.trunc(row / scale) if scale else torch.zeros_like(row)), scale
+    def same_for_every_row(w):  # relative to the largest |w| instead of the row's RMS: the outliers cancel out
+        return torch.full((w.shape[0],), 1 / 127 / 12 ** 0.5)
 
-    def unrounded(row):
-        scale = row.abs().max().item() / 127
-        return (row / scale if scale else torch.zeros_like(row)), scale
+    def levels_256(w):  # the step as if int8 had 256 levels over the largest |w|
+        return w.abs().amax(dim=1) / 255 / 12 ** 0.5 / w.pow(2).mean(dim=1).sqrt()
 
-    def nan_for_zeros(row):  # divides a row of zeros by a scale of 0
-        scale = row.abs().max().item() / 127
-        return torch.round(row / scale) if scale else torch.full_like(row, float("nan")), scale
-
-    expected = {over_128: "127", largest_positive: "either sign", truncated: "do not truncate",
-                unrounded: "whole number", nan_for_zeros: "zeros"}
-    for wrong, words in expected.items():
-        verdict = check_int8_row(wrong, path)
-        assert verdict.startswith("wrong:") and words in verdict, (wrong.__name__, verdict)
+    for wrong in (largest_error, absolute, same_for_every_row, levels_256):
+        verdict = check_int8_row_errors(wrong, path)
+        assert verdict.startswith("wrong:"), (wrong.__name__, verdict)
+    assert check_int8_row_errors(lambda w: solution.my_int8_row_error(w)[:-1], path).startswith("wrong:")
