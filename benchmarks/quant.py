@@ -20,7 +20,7 @@ other tokens than fp32: the table says how many of the first new tokens agree. P
 stride 256) on the first --ppl-tokens tokens of the course's text, each format against fp32, llama.cpp's formats too
 (its logits on the same windows). `--llama-cpp-f32 GGUF`: an F32 GGUF of the same weights, which llama.cpp's own
 quantizer turns into a Q8_0 (and which it also times).
-The table is also written to --table (default benchmarks/quant_results.json, committed: lesson 16 plots it), with the
+The table is also written to --table (default benchmarks/quant_results.json, committed: docs/quantization.md reports it), with the
 machine, the date, the load average and the command line.
 """
 

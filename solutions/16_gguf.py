@@ -3,22 +3,19 @@
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
 
-import struct
-
 import numpy as np
-import torch
 
-# (weights per block, bytes per block) of each type the exercises ask about.
-BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
-# Metadata value type id -> struct format; 8 is a string, 9 an array.
-SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+# (weights per block, bytes per block) of each type the exercises ask about: sections 3 and 3b's tables.
+BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
+          "Q5_1": (32, 24), "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
+          "Q6_K": (256, 210)}
 
 
-# Exercise 1: one Q4_1 block: fp16 d, fp16 m, then 16 bytes holding weights 0-15 (low nibbles) and 16-31 (high).
-def my_dequantize_q4_1_block(block: bytes):
-    d, m = struct.unpack("<ee", block[:4])
-    q = [b & 0x0F for b in block[4:20]] + [b >> 4 for b in block[4:20]]
-    return [float(np.float32(d) * np.float32(v) + np.float32(m)) for v in q]  # fp32 arithmetic, as ggml's
+# Exercise 1: suspect a returns the right values in the wrong places (a block's 32 weights, sorted, equal gguf's),
+# with weight 0 still in its place and weight 1 holding weight 16's value: byte 0's two nibbles read as weights 0
+# and 1, the nibble order. Suspect b is off by the same amount at every weight of a block, (d - 1) * m: a block of
+# one constant value, whose q are all 0, shows w = d * m instead of m: the minimum added before scaling.
+my_diagnosis = {"a": "nibble order", "b": "minimum added before scaling"}
 
 
 # Exercise 2: whole blocks times the bytes of a block.
@@ -27,66 +24,18 @@ def my_tensor_bytes(type_name: str, dims: list[int]) -> int:
     return int(np.prod(dims)) // block_size * block_bytes
 
 
-# Exercise 3: walk the header, the metadata and the tensor infos, then pad to the alignment.
-def my_data_start(path) -> int:
-    infos_end, alignment = walk_to_the_data(path)
-    return -(-infos_end // alignment) * alignment
+# Exercise 3: every tensor is whole blocks (section 3's blocks of 32, section 3b's super-blocks of 256), and starts at
+# the first multiple of the alignment after the one before it ends.
+def my_data_bytes(tensors, alignment: int) -> int:
+    end = 0
+    for type_name, dims in tensors:
+        start = -(-end // alignment) * alignment  # padded up to the alignment
+        block_size, block_bytes = BLOCKS[type_name]
+        end = start + int(np.prod(dims)) // block_size * block_bytes
+    return end
 
 
-def walk_to_the_data(path) -> tuple[int, int]:
-    """(where the tensor infos end, general.alignment or 32)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    pos = 4 + 4
-    n_tensors, n_kv = struct.unpack_from("<QQ", data, pos)
-    pos += 16
-
-    def string(pos):
-        (n,) = struct.unpack_from("<Q", data, pos)
-        return data[pos + 8:pos + 8 + n].decode(), pos + 8 + n
-
-    def value(type_id, pos):
-        if type_id == 8:
-            return string(pos)
-        if type_id == 9:
-            item_type, count = struct.unpack_from("<IQ", data, pos)
-            pos += 12
-            items = []
-            for _ in range(count):
-                item, pos = value(item_type, pos)
-                items.append(item)
-            return items, pos
-        fmt = SCALARS[type_id]
-        return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
-
-    alignment = 32
-    for _ in range(n_kv):
-        key, pos = string(pos)
-        (type_id,) = struct.unpack_from("<I", data, pos)
-        v, pos = value(type_id, pos + 4)
-        if key == "general.alignment":
-            alignment = v
-    for _ in range(n_tensors):
-        _, pos = string(pos)
-        (n_dims,) = struct.unpack_from("<I", data, pos)
-        pos += 4 + 8 * n_dims + 4 + 8  # the dims, the type, the offset
-    return pos, alignment
-
-
-# Exercise 4: half a byte a weight, plus an fp16 scale and an fp16 minimum for every group of every row.
-def my_int4_bytes(out_features: int, in_features: int, group_size: int) -> int:
-    return out_features * in_features // 2 + out_features * (in_features // group_size) * (2 + 2)
-
-
-# Exercise 5: the row's largest |w| becomes 127; every weight is rounded to the nearest step.
-def my_quantize_int8_row(row):
-    scale = row.abs().max().item() / 127
-    if scale == 0:
-        return torch.zeros(row.shape, dtype=torch.int8), 0.0
-    return torch.round(row / scale).clamp(-127, 127).to(torch.int8), scale
-
-
-# Exercise 6: Q4_K's 12 bytes. Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins). Sub-blocks 4-7:
+# Exercise 4: Q4_K's 12 bytes. Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins). Sub-blocks 4-7:
 # the low 4 bits from byte 8+j (scale in its low nibble, min in its high one), the top 2 bits from the 2 bits left
 # over at the top of byte j (scale) and byte 4+j (min).
 def my_unpack_scales_mins(packed: bytes):

@@ -1,17 +1,14 @@
 """Lesson 16's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
-import struct
-
 import numpy as np
 import pytest
-import torch
 
 from exercise_solutions import load_solutions
 from hardway.formats.gguf import gemma3_gguf, smollm2_gguf
 from hardway.formats.hub import models_dir
-from hardway.exercises.lesson_16 import (check_data_start, check_int4_bytes, check_int8_row, check_q4_1_block,
-                                         check_q4_k_scales, check_tensor_bytes)
+from hardway.exercises.lesson_16 import (check_data_bytes, check_diagnosis, check_q4_k_scales, check_tensor_bytes,
+                                         planted_q4_1_dequantizers)
 
 
 @pytest.fixture(scope="module")
@@ -24,28 +21,40 @@ def path(tmp_path_factory):
     return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
 
 
-def test_check_q4_1_block(solution, path):
-    assert check_q4_1_block(None, path).startswith("not attempted yet")
-    assert check_q4_1_block(solution.my_dequantize_q4_1_block, path).startswith("right")
+def test_check_diagnosis(solution):
+    assert check_diagnosis(None).startswith("not attempted yet")
+    assert check_diagnosis(solution.my_diagnosis).startswith("right")
+    wrong_answers = [
+        {"a": "minimum added before scaling", "b": "nibble order"},  # the two right names, on the wrong suspects
+        {"a": "high nibbles first", "b": "minimum added before scaling"},  # a is a permutation too, but weight 0 is right
+        {"a": "nibble order", "b": "scale and minimum swapped"},  # b's values are all wrong too, but by a constant
+        {"a": "nibble order", "b": "Q4_0's formula"},  # also a constant per block, m + 8 d, not (d - 1) m
+        {"a": "nibbles", "b": "minimum added before scaling"},  # not a key of BUGS
+        {"a": "nibble order"},  # one suspect left out
+    ]
+    for answer in wrong_answers:
+        assert check_diagnosis(answer).startswith("wrong:"), answer
 
-    def interleaved(block):  # (low, high) of byte 0, then of byte 1: the other nibble order
-        d, m = struct.unpack("<ee", block[:4])
-        q = [n for b in block[4:] for n in (b & 0x0F, b >> 4)]
-        return [float(np.float32(d) * np.float32(v) + np.float32(m)) for v in q]
 
-    def no_minimum(block):  # Q4_0's formula on a Q4_1 block
-        d, _ = struct.unpack("<ee", block[:4])
-        q = [b & 0x0F for b in block[4:]] + [b >> 4 for b in block[4:]]
-        return [float(np.float32(d) * np.float32(v - 8)) for v in q]
+def test_the_planted_bugs_are_what_the_check_says(path):
+    """The suspects really have the bugs the check names: a's values are gguf's permuted with weight 0 in place,
+    b's are off by (d - 1) * m in every weight."""
+    from hardway.formats.gguf import read_gguf
+    import gguf
+    import gguf.quants
+    import torch
 
-    def swapped_scale_and_minimum(block):
-        m, d = struct.unpack("<ee", block[:4])
-        q = [b & 0x0F for b in block[4:]] + [b >> 4 for b in block[4:]]
-        return [float(np.float32(d) * np.float32(v) + np.float32(m)) for v in q]
-
-    for wrong in (interleaved, no_minimum, swapped_scale_and_minimum):
-        verdict = check_q4_1_block(wrong, path)
-        assert verdict.startswith("wrong:") and "nibbles" in verdict, (wrong.__name__, verdict)
+    suspect_a, suspect_b = planted_q4_1_dequantizers()
+    raw = read_gguf(path).raw("blk.0.attn_q.weight")[: 20 * 64]  # 64 blocks
+    expected = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q4_1).copy())
+    expected = expected.reshape(64, 32)
+    a, b = suspect_a(raw).reshape(64, 32), suspect_b(raw).reshape(64, 32)
+    assert torch.equal(a.sort(dim=1).values, expected.sort(dim=1).values) and torch.equal(a[:, 0], expected[:, 0])
+    assert not torch.equal(a, expected)
+    blocks = raw.reshape(64, 20)
+    d = blocks[:, 0:2].contiguous().view(torch.float16).float()
+    m = blocks[:, 2:4].contiguous().view(torch.float16).float()
+    assert torch.allclose(b - expected, (d - 1) * m, atol=1e-6)
 
 
 def test_check_tensor_bytes(solution, path):
@@ -66,74 +75,29 @@ def test_check_tensor_bytes(solution, path):
         assert check_tensor_bytes(wrong, path).startswith("wrong:"), wrong.__name__
 
 
-def test_check_data_start(solution, path):
-    assert check_data_start(None, path).startswith("not attempted yet")
-    assert check_data_start(solution.my_data_start, path).startswith("right")
+def test_check_data_bytes(solution, path):
+    gemma_path = gemma3_gguf(models_dir() / "gguf")
+    assert check_data_bytes(None, path, gemma_path).startswith("not attempted yet")
+    verdict = check_data_bytes(solution.my_data_bytes, path, gemma_path)
+    assert verdict.startswith("right") and "bits a weight" in verdict, verdict
 
-    def no_padding(p):  # the end of the tensor infos
-        return solution.walk_to_the_data(p)[0]
+    def no_padding(tensors, alignment):  # the sizes summed: tensors packed end to end
+        return sum(solution.my_tensor_bytes(t, d) if t in ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+                   else solution.my_data_bytes([(t, d)], alignment) for t, d in tensors)
 
-    def always_32(p):  # ignores general.alignment
-        return -(-solution.walk_to_the_data(p)[0] // 32) * 32
+    def padded_end(tensors, alignment):  # the last tensor padded too: the gguf package's writer does, llama.cpp not
+        return -(-solution.my_data_bytes(tensors, alignment) // alignment) * alignment
 
-    assert check_data_start(no_padding, path).startswith("wrong:")
-    verdict = check_data_start(always_32, path)
-    assert verdict.startswith("wrong: aligned.gguf"), verdict
-    assert check_data_start(lambda p: solution.my_data_start(p) - 8, path).startswith("wrong:")
+    def k_quants_without_scales(tensors, alignment):  # Q4_K as 4 bits, Q6_K as 6: the super-block's scales forgotten
+        bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "Q5_0": 5}
+        sizes = [(t, d) if t not in bits else ("F32", [int(np.prod(d)) * bits[t] // 32]) for t, d in tensors]
+        return solution.my_data_bytes(sizes, alignment)
 
+    def always_32(tensors, alignment):  # general.alignment ignored
+        return solution.my_data_bytes(tensors, 32)
 
-def test_check_int4_bytes(solution):
-    assert check_int4_bytes(None).startswith("not attempted yet")
-    verdict = check_int4_bytes(solution.my_int4_bytes)
-    assert verdict.startswith("right") and "group 32: 5.00 bits a weight" in verdict, verdict
-
-    def no_minimums(out_features, in_features, group_size):  # Q4_0's bytes: a scale, no minimum
-        return out_features * in_features // 2 + out_features * (in_features // group_size) * 2
-
-    def fp32_scales(out_features, in_features, group_size):
-        return out_features * in_features // 2 + out_features * (in_features // group_size) * 8
-
-    def one_scale_per_row(out_features, in_features, group_size):
-        return out_features * in_features // 2 + out_features * 4
-
-    def a_byte_a_weight(out_features, in_features, group_size):
-        return out_features * in_features + out_features * (in_features // group_size) * 4
-
-    for wrong in (no_minimums, fp32_scales, one_scale_per_row, a_byte_a_weight):
-        verdict = check_int4_bytes(wrong)
-        assert verdict.startswith("wrong:") and "half a byte a weight" in verdict, (wrong.__name__, verdict)
-
-
-def test_check_int8_row(solution, path):
-    assert check_int8_row(None, path).startswith("not attempted yet")
-    assert check_int8_row(solution.my_quantize_int8_row, path).startswith("right")
-
-    def over_128(row):
-        scale = row.abs().max().item() / 128
-        return (torch.round(row / scale) if scale else torch.zeros_like(row)), scale
-
-    def largest_positive(row):  # max, not max |w|: a row whose largest |w| is negative overflows
-        scale = row.max().item() / 127
-        return (torch.round(row / scale).clamp(-127, 127) if scale > 0 else torch.zeros_like(row)), scale
-
-    def truncated(row):
-        scale = row.abs().max().item() / 127
-        return (torch.trunc(row / scale) if scale else torch.zeros_like(row)), scale
-
-    def unrounded(row):
-        scale = row.abs().max().item() / 127
-        return (row / scale if scale else torch.zeros_like(row)), scale
-
-    def nan_for_zeros(row):  # divides a row of zeros by a scale of 0
-        scale = row.abs().max().item() / 127
-        return torch.round(row / scale) if scale else torch.full_like(row, float("nan")), scale
-
-    expected = {over_128: "127", largest_positive: "either sign", truncated: "do not truncate",
-                unrounded: "whole number", nan_for_zeros: "zeros"}
-    for wrong, words in expected.items():
-        verdict = check_int8_row(wrong, path)
-        assert verdict.startswith("wrong:") and words in verdict, (wrong.__name__, verdict)
-
+    for wrong in (no_padding, padded_end, k_quants_without_scales, always_32):
+        assert check_data_bytes(wrong, path, gemma_path).startswith("wrong:"), wrong.__name__
 
 
 def test_check_q4_k_scales(solution):

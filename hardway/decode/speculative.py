@@ -258,7 +258,7 @@ class ModelDrafter(Drafter):
 
 
 def int8_drafter(model: CausalLM) -> ModelDrafter:
-    """A ModelDrafter of the model's own int8 copy (lesson 16: every Linear quantized, one scale a row), run eagerly
+    """A ModelDrafter of the model's own int8 copy (lesson 17: every Linear quantized, one scale a row), run eagerly
     by QuantizedLinear's own products."""
     return ModelDrafter(quantize_linears(copy.deepcopy(model), 8))
 

@@ -12,7 +12,7 @@ import torch
 
 def compile_cache_dir() -> Path:
     """Where compiled steps are kept between runs: $XDG_CACHE_HOME/hardway/inductor, else ~/.cache/hardway/inductor
-    (beside lesson 16's C loops); TORCHINDUCTOR_CACHE_DIR, when set, wins."""
+    (beside lesson 22's C loops); TORCHINDUCTOR_CACHE_DIR, when set, wins."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hardway" / "inductor"
 
 
