@@ -26,6 +26,48 @@ from torch import fx, library
 from hardway.kernels.compile import cpu_decode_backend
 
 
+# -O3 -march=native: the instructions of the CPU it runs on (with AVX-512, the loops written with its intrinsics; with
+# AVX512-VNNI too, the integer loops; elsewhere the plain loops, which the three float flags let the compiler
+# vectorize: they allow reordering a sum, without -ffast-math's process-wide side effects).
+C_FLAGS = ["-O3", "-march=native", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp",
+           "-shared", "-fPIC"]
+
+
+def cache_dir() -> Path:
+    """Where the compiled library is kept: $XDG_CACHE_HOME/hardway, else ~/.cache/hardway."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hardway"
+
+
+def cpu_features() -> str:
+    """What -march=native compiles for: the CPU's model and feature flags as Linux lists them (else what platform
+    knows). A library built for one CPU may use instructions another lacks, so this is part of the cache key."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def compile_c(source: str, name: str, flags=C_FLAGS) -> Path | None:
+    """`source` built by the system's C compiler ($CC, else cc) into a shared library -> its path, or None without a
+    compiler. Built once per source, compiler, flags and CPU (about a second), then found in cache_dir() under a hash
+    of the four. Written under a temporary name and renamed, so no crash leaves half a library under the final name.
+    A failed build raises subprocess.CalledProcessError, the compiler's messages in its `stderr`."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None
+    key = hashlib.sha256("\n".join([source, compiler, *flags, cpu_features()]).encode()).hexdigest()[:16]
+    lib = cache_dir() / f"{name}-{key}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+            src, partial = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+            src.write_text(source)
+            subprocess.run([compiler, *flags, str(src), "-o", str(partial)], check=True, capture_output=True, text=True)
+            os.replace(partial, lib)  # never half a library under its final name
+    return lib
+
+
 C_SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
@@ -243,47 +285,17 @@ void matvec_int4(const float *x, long n, const uint8_t *const *p, const _Float16
     }
 }
 """
-# -O3 -march=native: this CPU's instructions (with AVX-512, the loops written with its intrinsics; with AVX512-VNNI too,
-# the integer loops; elsewhere the plain loops, which the three float flags let the compiler vectorize: they allow
-# reordering a sum, without -ffast-math's process-wide side effects).
-C_FLAGS = ["-O3", "-march=native", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp",
-           "-shared", "-fPIC"]
-
-
-def cache_dir() -> Path:
-    """Where the compiled library is kept: $XDG_CACHE_HOME/hardway, else ~/.cache/hardway."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hardway"
-
-
-def cpu_features() -> str:
-    """What -march=native compiles for: the CPU's model and feature flags as Linux lists them (else what platform
-    knows). A library built for one CPU may use instructions another lacks, so this is part of the cache key."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
-    except OSError:
-        return platform.processor() + platform.machine()
 
 
 @cache
 def c_library() -> ctypes.CDLL | None:
-    """The compiled loops, built once per source, compiler, flags and CPU (about a second), or None without a working
-    compiler."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
+    """The compiled loops (compile_c of C_SOURCE), or None without a working compiler."""
+    try:
+        lib = compile_c(C_SOURCE, "matvec")
+    except (OSError, subprocess.CalledProcessError):
         return None
-    key = hashlib.sha256("\n".join([C_SOURCE, compiler, *C_FLAGS, cpu_features()]).encode()).hexdigest()[:16]
-    lib = cache_dir() / f"matvec-{key}.so"
-    if not lib.exists():
-        try:
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-                src, partial = Path(tmp) / "matvec.c", Path(tmp) / "matvec.so"
-                src.write_text(C_SOURCE)
-                subprocess.run([compiler, *C_FLAGS, str(src), "-o", str(partial)], check=True, capture_output=True)
-                os.replace(partial, lib)  # never half a library under its final name
-        except (OSError, subprocess.CalledProcessError):
-            return None
+    if lib is None:
+        return None
     c = ctypes.CDLL(str(lib))
     p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     c.matvec_int8.argtypes = [p, n, p, p, p, p, n, n, i, i]
@@ -297,7 +309,7 @@ def c_loops_available() -> bool:
 
 
 def c_loops_quantize_activations() -> bool:
-    """Whether the C loops here round the input row to int8 (this CPU has AVX512-VNNI) when asked to."""
+    """Whether the C loops here round the input row to int8 (the CPU has AVX512-VNNI) when asked to."""
     return c_loops_available() and bool(c_library().quantizes_activations())
 
 
