@@ -86,7 +86,8 @@ def test_check_int4_loop(solution):
     verdict = check_int4_loop(solution.my_int4_source)
     assert verdict.startswith("right"), verdict
     source = solution.my_int4_source
-    adjacent = source.replace("xg[j] + (float)(b[j] >> 4) * xg[j + half]", "xg[2 * j] + (float)(b[j] >> 4) * xg[2 * j + 1]")
+    adjacent = source.replace("xg[j] + (float)(b[j] >> 4) * xg[j + half]",
+                              "xg[2 * j] + (float)(b[j] >> 4) * xg[2 * j + 1]")
     swapped = source.replace("(float)(b[j] & 15) * xg[j] + (float)(b[j] >> 4) * xg[j + half]",
                              "(float)(b[j] >> 4) * xg[j] + (float)(b[j] & 15) * xg[j + half]")
     no_minimum = source.replace(" + m[r * groups + g] * sum", "")

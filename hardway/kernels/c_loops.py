@@ -2,11 +2,11 @@
 
 """A one-row product in C (lesson 22): compile_c builds C source with the system's C compiler on first use (cached
 by the hash of the source, the compiler, the flags and the CPU); with it, the int8 and int4 matrix-vector loops,
-called through ctypes and registered as torch operators so that a compiled decode step calls them too. They multiply the weights, converted
-to fp32, by the fp32 row; asked to (quantize_x), on a CPU with AVX512-VNNI, they first round the row to int8 in blocks
-of 32 (llama.cpp's Q8_0 for activations) and multiply integers by integers. One call multiplies the row by several
-matrices (group_c_loops merges a compiled step's q, k, v and gate, up calls). No compiler, or a failed build:
-`c_loops_available()` is False and QuantizedLinear keeps its torch loops."""
+called through ctypes and registered as torch operators so that a compiled decode step calls them too. They
+multiply the weights, converted to fp32, by the fp32 row; asked to (quantize_x), on a CPU with AVX512-VNNI, they
+first round the row to int8 in blocks of 32 (llama.cpp's Q8_0 for activations) and multiply integers by integers.
+One call multiplies the row by several matrices (group_c_loops merges a compiled step's q, k, v and gate, up calls).
+No compiler, or a failed build: `c_loops_available()` is False and QuantizedLinear keeps its torch loops."""
 
 from __future__ import annotations
 
