@@ -10,8 +10,8 @@ same prompts and weights.
 SmolLM2-135M-Instruct (the stand-in has its real weights), fp32, CPU, batch 1, greedy, each prompt in its chat
 template, generation until the end of the answer or --new-tokens. Two paths, each speculative run against plain
 decoding on the same path: lesson 08's eager steps (`generate`, `speculative_generate`), and lesson 12's compiled
-step (`StaticDecodeStep`, the fastest plain decoding of the course) with lesson 18's `CompiledVerifier` for prompt
-lookup (one more graph per k, its products of k + 1 rows by oneDNN on a packed copy of the weights, lesson 14's
+step (`StaticDecodeStep`, the fastest plain decoding of the course) with lesson 22's `CompiledVerifier` for prompt
+lookup (one more graph per k, its products of k + 1 rows by oneDNN on a packed copy of the weights, lesson 22's
 `with_onednn_linears`; `--no-onednn` lowers them by `rows_times_matrix` instead; `--no-compile` skips them). Besides
 a constant k (every draft padded to k on the compiled path), two schedules that choose the guesses step by step, up
 to the largest k: transformers' heuristic (`HeuristicGuesses`) and the cost-aware choice (`CostAwareGuesses`, from

@@ -349,3 +349,26 @@ def test_use_c_loop_without_a_compiler_says_so(monkeypatch):
     monkeypatch.setattr(c_loops, "c_library", lambda: None)  # what a machine without a compiler gets
     with pytest.raises(QuantizationError, match="no C compiler"):
         QuantizedLinear.from_linear(nn.Linear(64, 8), 8).use_c_loop()
+
+
+@needs_c
+def test_compile_c_builds_once_and_keeps_what_it_built(monkeypatch, tmp_path):
+    """A fresh cache: the first call builds, the second finds the same file untouched; another source is another
+    file; nothing half-written is left beside them; a failed build raises with the compiler's messages."""
+    import subprocess
+
+    from hardway.kernels import c_loops
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    source = "int answer(void) { return 42; }\n"
+    lib = c_loops.compile_c(source, "answer")
+    assert lib.parent == tmp_path / "hardway" and lib.name.startswith("answer-")
+    built = lib.stat().st_mtime_ns
+    assert c_loops.compile_c(source, "answer") == lib and lib.stat().st_mtime_ns == built  # found, not rebuilt
+    assert c_loops.compile_c(source.replace("42", "43"), "answer") != lib  # the source is in the key
+    assert sorted(p.suffix for p in lib.parent.iterdir()) == [".so", ".so"]  # no temporary folder left
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        c_loops.compile_c("int broken(void) { return }\n", "broken")
+    assert "error" in failed.value.stderr
+    assert sorted(p.suffix for p in lib.parent.iterdir()) == [".so", ".so"]  # the failed build left nothing either
+    monkeypatch.setenv("CC", "no-such-compiler-anywhere")
+    assert c_loops.compile_c(source, "answer") is None

@@ -161,7 +161,7 @@ def test_several_compiled_sizes_run_the_smallest_graph_that_fits_and_give_genera
 
 
 def test_the_compiled_verify_step_multiplies_by_onednn_and_the_plain_step_keeps_its_products(tiny):
-    """On a CPU in fp32 the graphs of k + 1 positions compute lesson 14's oneDNN twin of the step's model: every
+    """On a CPU in fp32 the graphs of k + 1 positions compute lesson 22's oneDNN twin of the step's model: every
     product one opaque hardway::onednn_linear (4 a layer: q, k and v stacked, o, gate and up stacked, down; and the
     head), on the step's own weights (the same Parameters; the twin adds a packed copy), while the step's
     one-position graph keeps torch's products. onednn=False: no oneDNN in the graph. Either way, plain greedy's
