@@ -19,10 +19,13 @@ from hardway.decode.kv_cache import KVCache
 from hardway.errors import CheckpointError, ConfigError, check_int, check_number
 from hardway.loading import Checkpoint
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
+from hardway.models.rope_scaling import (LENGTH_DEPENDENT, ROPE_TYPES, context_length,  # lesson 23
+                                         length_dependent_inv_freq, llama3_scale_inv_freq,
+                                         read_rope_config, rope_parameters)
 
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ROPE_TYPES  # every kind transformers knows: lesson 23 builds them
 
 
 @dataclass
@@ -34,9 +37,9 @@ class ModelConfig:
     num_attention_heads: int       # query heads
     num_key_value_heads: int       # key/value heads (< query heads: grouped-query attention)
     head_dim: int                  # usually hidden_size // num_attention_heads, but not always
-    max_position_embeddings: int
+    max_position_embeddings: int   # positions it may run ("dynamic" scaling: factor x the trained length)
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None   # None: plain RoPE; else {"rope_type": "llama3", "factor": ..., ...}
+    rope_scaling: dict | None = None   # None: plain RoPE; else {"rope_type": "llama3", "factor": ..., ...} (lesson 23)
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False   # bias on q_proj, k_proj, v_proj
@@ -77,32 +80,9 @@ class ModelConfig:
         max_positions = optional_int("max_position_embeddings", 32768 if qwen2 else 2048)
 
         # RoPE: transformers 5 puts everything in `rope_parameters`; the hub's files use rope_theta + rope_scaling.
-        rope_key = "rope_parameters" if d.get("rope_parameters") else "rope_scaling"
-        rope = d.get(rope_key) or {}
-        if not isinstance(rope, dict):
-            raise ConfigError(f"{rope_key} must be an object {{...}}, got {rope!r}")
-        rope = dict(rope)
-        rope_theta = check_number("rope_theta", rope.pop("rope_theta", d.get("rope_theta", 10000.0)), positive=True,
-                                  error=ConfigError)
-        rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ConfigError(f"rope_type {rope_type!r} is not implemented; supported: {SUPPORTED_ROPE_TYPES}")
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ConfigError("partial_rotary_factor != 1 is not implemented")
-        rope_scaling = None
-        if rope_type == "llama3":
-            needed = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
-            if needed:
-                raise ConfigError(f"{rope_key} of rope_type 'llama3' lacks {needed}")
-            rope_scaling = {"rope_type": "llama3", **{k: check_number(f"{rope_key}.{k}", rope[k], positive=True,
-                                                                      error=ConfigError) for k in
-                                                      ("factor", "low_freq_factor", "high_freq_factor")},
-                            "original_max_position_embeddings": check_int(
-                                f"{rope_key}.original_max_position_embeddings",
-                                rope.get("original_max_position_embeddings", max_positions), 1, ConfigError)}
-            if rope_scaling["low_freq_factor"] == rope_scaling["high_freq_factor"]:
-                raise ConfigError(f"{rope_key}: low_freq_factor equals high_freq_factor; Llama 3's ramp between "
-                                  f"them would divide by zero")
+        # Every scaling kind is read and checked by lesson 23's read_rope_config (Llama 3's is below).
+        rope_theta, rope_scaling = read_rope_config(d, max_positions, head_dim)
+        max_positions = context_length(max_positions, rope_scaling)  # "dynamic" runs past the trained length
 
         attention_bias = True if qwen2 else bool(d.get("attention_bias", False))
         return cls(
@@ -132,51 +112,48 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """The d/2 rotation frequencies θ_i (fp32), with Llama 3's long-context rescaling when the config asks for it."""
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # (d/2,)
-    if config.rope_scaling is not None and config.rope_scaling["rope_type"] == "llama3":
-        inv_freq = llama3_scale_inv_freq(inv_freq, **{k: v for k, v in config.rope_scaling.items() if k != "rope_type"})
-    return inv_freq
-
-
-def llama3_scale_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
-    """Llama 3.1+ context extension: slow frequencies divided by `factor`, fast ones kept, a smooth ramp between.
-
-    Same operations, in the same order, as transformers' `_compute_llama3_parameters` (so the result is bit-equal).
-    """
-    low_freq_wavelen = original_max_position_embeddings / low_freq_factor    # longer than this: interpolate fully
-    high_freq_wavelen = original_max_position_embeddings / high_freq_factor  # shorter than this: leave alone
-    wavelen = 2 * math.pi / inv_freq  # (d/2,) tokens per full turn
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
+    """The d/2 rotation frequencies θ_i (fp32), rescaled when the config's rope_scaling asks for it: Llama 3's way,
+    drawn below, or any other (lesson 23's rope_parameters). For "dynamic" and "longrope": those of short inputs."""
+    return rope_parameters(config)[0]  # (d/2,)
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of the rotation angles m·θ_i for the positions asked for, computed on the fly (no big table)."""
+    """cos and sin of the rotation angles m·θ_i for the positions asked for, computed on the fly (no big table), times
+    the scaling's attention factor (1 but for YaRN and LongRoPE, lesson 23). "dynamic" and "longrope" pick their
+    frequencies from the longest position of each pass (lesson 23's length_dependent_inv_freq)."""
 
     def __init__(self, config: ModelConfig, device=None):
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)  # (d/2,) fp32
+        self.config = config  # head_dim, rope_theta, rope_scaling, max_position_embeddings
+        inv_freq, self.attention_scaling = rope_parameters(config, device=device)  # (d/2,) fp32, a float
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_type = (config.rope_scaling or {}).get("rope_type", "default")
+        if self.rope_type in LENGTH_DEPENDENT:
+            self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+            trained = config.rope_scaling.get("original_max_position_embeddings", config.max_position_embeddings)
+            self.register_buffer("scaling_length", torch.tensor(trained, device=device),
+                                 persistent=False)  # dynamic's L: the longest length seen (int64)
+        if self.rope_type == "longrope":
+            original = config.rope_scaling["original_max_position_embeddings"]
+            self.register_buffer("long_inv_freq", rope_parameters(config, original + 1, device)[0], persistent=False)
 
     def _apply(self, fn, recurse=True):
         """.to(dtype), .half(), .bfloat16() cast every floating-point buffer: the frequencies follow the device but
         stay fp32, as computed (in half precision the angle of position 1000 would be off by radians)."""
-        inv_freq = self.inv_freq  # (d/2,) fp32
+        kept = {name: b for name, b in self._buffers.items() if b is not None and b.is_floating_point()}  # fp32
         super()._apply(fn, recurse)
-        # a meta skeleton (to_empty) has no values to keep: only the dtype
-        self.inv_freq = self.inv_freq.float() if inv_freq.is_meta else inv_freq.to(self.inv_freq.device)
+        for name, b in kept.items():  # a meta skeleton (to_empty) has no values to keep: only the dtype
+            self._buffers[name] = self._buffers[name].float() if b.is_meta else b.to(self._buffers[name].device)
         return self
 
     def forward(self, positions, dtype):  # positions: (T,) int64, or (B, T): each row its own (lesson 13)
-        freqs = positions.float()[..., None] * self.inv_freq.float()  # (T, d/2) or (B, T, d/2) angles, fp32
+        inv_freq = length_dependent_inv_freq(self, positions) if self.rope_type in LENGTH_DEPENDENT else self.inv_freq
+        freqs = positions.float()[..., None] * inv_freq.float()  # (T, d/2) or (B, T, d/2) angles, fp32
         emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d): the same angle for j and j + d/2
         if positions.dim() == 2:
             emb = emb[:, None]  # (B, 1, T, d): broadcasts over the heads of (B, n_heads, T, d)
-        return emb.cos().to(dtype), emb.sin().to(dtype)  # each (T, d), or (B, 1, T, d)
+        cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling  # q·k grows by its square
+        return cos.to(dtype), sin.to(dtype)  # each (T, d), or (B, 1, T, d)
 
 
 def rotate_half(x):
