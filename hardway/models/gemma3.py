@@ -19,6 +19,7 @@ from hardway.errors import ConfigError, check_int, check_number
 from hardway.loading import Checkpoint
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
 from hardway.models.llama import Llama, RotaryEmbedding, apply_rope, assign_weights, repeat_kv
+from hardway.models.rope_scaling import context_length, rope_scaling_from  # lesson 23
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -38,7 +39,9 @@ class Gemma3Config:
     sliding_window: int | None      # W: a sliding layer's query sees itself and the W - 1 positions before it
     rope_theta: float               # RoPE base of the full-attention layers
     rope_local_theta: float         # RoPE base of the sliding layers
-    rope_linear_factor: float = 1.0  # full layers' positions divided by this ("linear" rope scaling); 1: none
+    rope_scaling: dict | None = None  # the full layers' RoPE scaling (lesson 23's rope_scaling_from); None: none
+    rope_local_scaling: dict | None = None  # the sliding layers' (only a transformers 5 config can ask for one)
+    trained_positions: int = 131_072  # config.json's max_position_embeddings (lesson 23's "dynamic" runs past it)
     query_pre_attn_scalar: float = 256.0  # attention scores are scaled by its -1/2 power, not head_dim's
     rms_norm_eps: float = 1e-6
     attention_bias: bool = False
@@ -98,14 +101,15 @@ class Gemma3Config:
         local = dict(params.get("sliding_attention") or {})
         full.setdefault("rope_theta", d.get("rope_theta", 1_000_000.0))
         local.setdefault("rope_theta", d.get("rope_local_base_freq", 10_000.0))
-        factor = 1.0
+        trained = optional_int("max_position_embeddings", 131_072)
+        scaling = {}  # per kind of layer: lesson 23 reads and checks every rope_type transformers knows
         for name, rope in (("full_attention", full), ("sliding_attention", local)):
-            rope_type = rope.get("rope_type", rope.get("type", "default"))
-            if rope_type not in ("default", "linear") or (rope_type == "linear" and name == "sliding_attention"):
-                raise ConfigError(f"rope_type {rope_type!r} for {name} layers is not implemented (full layers: "
-                                  f"'default' or 'linear'; sliding layers: 'default')")
-            if rope_type == "linear":
-                factor = check_number("rope factor", rope.get("factor"), positive=True, error=ConfigError)
+            scaling[name] = rope_scaling_from({k: v for k, v in rope.items() if k != "rope_theta"},
+                                              f"rope_parameters.{name}", head_dim, trained)
+            if scaling[name] and scaling[name]["rope_type"] == "yarn":
+                # transformers 5.24's YaRN reads `truncate` from the top of rope_parameters, which for Gemma 3 holds
+                # the two kinds of layer, never from a kind's own dict: it is always true here
+                scaling[name]["truncate"] = True
         window = d.get("sliding_window", 4096)
         if d.get("attn_logit_softcapping") is not None:  # Gemma 2's; transformers' Gemma 3 reads it but never applies it
             raise ConfigError(f"attn_logit_softcapping={d['attn_logit_softcapping']}: Gemma 3 attends without a soft cap "
@@ -113,12 +117,13 @@ class Gemma3Config:
                               f"checkpoint as transformers computes it")
         return cls(
             **size, num_key_value_heads=optional_int("num_key_value_heads", size["num_attention_heads"]),
-            head_dim=head_dim, max_position_embeddings=optional_int("max_position_embeddings", 131_072),
+            head_dim=head_dim, max_position_embeddings=max(context_length(trained, s) for s in scaling.values()),
             layer_types=tuple(layer_types),
             sliding_window=None if window is None else check_int("sliding_window", window, minimum=1, error=ConfigError),
             rope_theta=check_number("rope_theta", full["rope_theta"], positive=True, error=ConfigError),
             rope_local_theta=check_number("rope_local_base_freq", local["rope_theta"], positive=True, error=ConfigError),
-            rope_linear_factor=factor,
+            rope_scaling=scaling["full_attention"], rope_local_scaling=scaling["sliding_attention"],
+            trained_positions=trained,
             query_pre_attn_scalar=optional_number("query_pre_attn_scalar", 256.0),
             rms_norm_eps=optional_number("rms_norm_eps", 1e-6), attention_bias=bool(d.get("attention_bias", False)),
             final_logit_softcapping=optional_number("final_logit_softcapping", None),
@@ -259,16 +264,15 @@ class RopeSettings:
     head_dim: int
     rope_theta: float
     rope_scaling: dict | None = None
+    max_position_embeddings: int = 131_072  # the trained length (what transformers' RoPE functions read)
 
 
 def rotary_embedding(config: Gemma3Config, layer_type: str, device=None) -> RotaryEmbedding:
-    """Lesson 09's RotaryEmbedding with the base of `layer_type`'s layers ("linear" scaling: frequencies / factor)."""
+    """Lesson 09's RotaryEmbedding with the base and the scaling (lesson 23) of `layer_type`'s layers."""
     full = layer_type == "full_attention"
-    rope = RotaryEmbedding(RopeSettings(config.head_dim, config.rope_theta if full else config.rope_local_theta),
-                           device=device)
-    if full and config.rope_linear_factor != 1.0:
-        rope.inv_freq = rope.inv_freq / config.rope_linear_factor  # transformers' _compute_linear_scaling_rope_parameters
-    return rope
+    settings = RopeSettings(config.head_dim, config.rope_theta if full else config.rope_local_theta,
+                            config.rope_scaling if full else config.rope_local_scaling, config.trained_positions)
+    return RotaryEmbedding(settings, device=device)
 
 
 class Gemma3(Llama):

@@ -22,6 +22,9 @@ from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
 from hardway.models.rope_scaling import (LENGTH_DEPENDENT, ROPE_TYPES, context_length,  # lesson 23
                                          length_dependent_inv_freq, llama3_scale_inv_freq,
                                          read_rope_config, rope_parameters)
+from hardway.models.rope_scaling import (LENGTH_DEPENDENT, ROPE_TYPES, context_length,  # lesson 23
+                                         length_dependent_inv_freq, llama3_scale_inv_freq,
+                                         read_rope_config, rope_parameters)
 
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -39,7 +42,7 @@ class ModelConfig:
     head_dim: int                  # usually hidden_size // num_attention_heads, but not always
     max_position_embeddings: int   # positions it may run ("dynamic" scaling: factor x the trained length)
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None   # None: plain RoPE; else {"rope_type": "llama3", "factor": ..., ...} (lesson 23)
+    rope_scaling: dict | None = None   # None: plain RoPE; else {"rope_type": "llama3", "factor": ..., ...} (lesson 23) (lesson 23)
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False   # bias on q_proj, k_proj, v_proj
