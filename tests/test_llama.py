@@ -219,7 +219,7 @@ def test_unexpected_tensor_is_named(tmp_path):
 
 @pytest.mark.parametrize("change, problem", [
     ({"model_type": "mistral"}, "model_type 'mistral'"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "xpos", "factor": 4.0}}, "rope_type 'xpos'"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"num_key_value_heads": 3}, "not a multiple"),
 ])

@@ -22,9 +22,6 @@ from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
 from hardway.models.rope_scaling import (LENGTH_DEPENDENT, ROPE_TYPES, context_length,  # lesson 23
                                          length_dependent_inv_freq, llama3_scale_inv_freq,
                                          read_rope_config, rope_parameters)
-from hardway.models.rope_scaling import (LENGTH_DEPENDENT, ROPE_TYPES, context_length,  # lesson 23
-                                         length_dependent_inv_freq, llama3_scale_inv_freq,
-                                         read_rope_config, rope_parameters)
 
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -42,7 +39,7 @@ class ModelConfig:
     head_dim: int                  # usually hidden_size // num_attention_heads, but not always
     max_position_embeddings: int   # positions it may run ("dynamic" scaling: factor x the trained length)
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None   # None: plain RoPE; else {"rope_type": "llama3", "factor": ..., ...} (lesson 23) (lesson 23)
+    rope_scaling: dict | None = None   # None: plain RoPE; else {"rope_type": "llama3", "factor": ..., ...} (lesson 23)
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False   # bias on q_proj, k_proj, v_proj
@@ -83,7 +80,7 @@ class ModelConfig:
         max_positions = optional_int("max_position_embeddings", 32768 if qwen2 else 2048)
 
         # RoPE: transformers 5 puts everything in `rope_parameters`; the hub's files use rope_theta + rope_scaling.
-        # Every scaling kind is read and checked by lesson 23's read_rope_config (Llama 3's is below).
+        # Every scaling kind is read and checked by lesson 23's read_rope_config.
         rope_theta, rope_scaling = read_rope_config(d, max_positions, head_dim)
         max_positions = context_length(max_positions, rope_scaling)  # "dynamic" runs past the trained length
 
