@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from hardway import cli
 from hardway.decode.generate import generate
+from hardway.decode.static import StaticDecodeStep
 from hardway.errors import ConfigError
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
@@ -245,3 +246,13 @@ def test_verify_passes_on_a_checkpoint_of_each_type(rope_type, tmp_path, capsys)
     for line in ("greedy tokens       PASS    40 of 40 tokens identical", "last-token logits   PASS",
                  "perplexity          PASS"):
         assert line in out, out
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_lesson_12s_compiled_step_traces_the_length_dependent_frequencies(rope_type, tmp_path):
+    # one graph (fullgraph), no host read of the length: the compiled decode steps give the eager tokens
+    make_checkpoint(tmp_path, "llama", SCALINGS[rope_type])
+    ids = prompt(20)
+    eager = generate(load(tmp_path), ids, 40, eos_token_id=None)
+    step = StaticDecodeStep(load(tmp_path), 60, backend="eager")
+    assert torch.equal(step.generate(ids, 40, eos_token_id=None), eager)
