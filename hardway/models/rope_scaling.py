@@ -135,7 +135,7 @@ def dynamic_parameters(params: dict, head_dim: int, max_positions: int, seq_len=
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature √(1/t) = 0.1·ln(s) + 1 (Peng et al. 2023, eq. 22); 1 when nothing is stretched."""
+    """YaRN's attention temperature √(1/t) = 0.1·ln(s) + 1 (Peng et al. 2023); 1 when nothing is stretched."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
