@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from hardway.engine.sequence import RequestStats, StepStats
 
@@ -91,3 +92,38 @@ class ServerMetrics:
 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST  # text/plain, with the format's version
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus's text format -> {sample: value}; a sample is its name, with its labels other than vLLM's two
+    (model_name, engine) in braces: `vllm:request_success_total{finished_reason="stop"}`. What a client reads."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items() if k not in ("model_name", "engine"))
+            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return out
+
+
+def histogram_buckets(metrics: dict[str, float], name: str) -> list[tuple[float, float]]:
+    """A histogram's (upper edge, how many observations are <= it) pairs, in order: the last edge is inf."""
+    prefix = f'{name}_bucket{{le="'
+    return sorted((float(key[len(prefix):-2]), count) for key, count in metrics.items() if key.startswith(prefix))
+
+
+def bucket_quantile(metrics: dict[str, float], name: str, q: float) -> float:
+    """The q-quantile of a histogram from its buckets, as Prometheus's histogram_quantile estimates it: the bucket it
+    falls in, and a straight line across that bucket. nan with no observations; the last finite edge if it falls in
+    the +Inf bucket."""
+    buckets = histogram_buckets(metrics, name)
+    total = buckets[-1][1] if buckets else 0
+    if total == 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for edge, count in buckets:
+        if count >= rank:
+            if edge == float("inf"):
+                return lower
+            return lower + (edge - lower) * (rank - below) / (count - below) if count > below else lower
+        lower, below = edge, count
+    return lower
