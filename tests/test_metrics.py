@@ -4,17 +4,26 @@ An app on a tiny random Llama in this process (test_serving's `tiny_llama`: toke
 token), served by uvicorn in a thread. Each test has its own app, hence its own registry: the counts start at 0.
 """
 import json
+import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.engine.sequence import SamplingParams
+from hardway.formats.hub import checkpoint
+from hardway.loading import load
 from hardway.server.app import create_app
 from hardway.server.launch import background_server
 from hardway.server.metrics import FINISH_REASONS, ServerMetrics
+from hardway.text.chat import ChatTemplate
+from hardway.text.tokenizer import load_tokenizer
+from test_server import SMOLLM2
 from test_serving import tiny_llama  # noqa: F401 - the fixture
 
 MODEL = "tiny-llama"
@@ -148,3 +157,43 @@ def test_preemptions_and_two_registries(tiny_llama):  # noqa: F811
     assert value(samples, "vllm:iteration_tokens_total_count") > 0
     untouched = {s.name: s.value for f in text_string_to_metric_families(other.text().decode()) for s in f.samples}
     assert untouched["vllm:num_preemptions_total"] == 0 and untouched["vllm:generation_tokens_total"] == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    """A 1-layer random Llama with SmolLM2's vocabulary, its tokenizer and its chat template: chat requests in
+    milliseconds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = checkpoint(SMOLLM2)
+    tokenizer = load_tokenizer(folder)
+    torch.manual_seed(0)
+    reference = LlamaForCausalLM(LlamaConfig(vocab_size=max(tokenizer.decoder) + 1, hidden_size=16,
+                                             intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=1, max_position_embeddings=256,
+                                             tie_word_embeddings=True)).eval()
+    saved = tmp_path_factory.mktemp("tiny-chat")
+    reference.save_pretrained(saved)
+    return load(saved), tokenizer, ChatTemplate.from_folder(folder)
+
+
+def test_the_structured_benchmark_measures_plain_and_reports_a_refusal(tiny_chat):
+    """benchmarks/structured_throughput.py against an in-process server: the plain mode is measured from /metrics,
+    and a response_format the server refuses is reported as refused, not a crash."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import structured_throughput as bench
+
+    model, tokenizer, chat = tiny_chat
+    app = create_app(Engine(model, tokenizer, n_blocks=64, block_size=16, max_batch=4), MODEL, chat)
+    args = SimpleNamespace(modes="plain,json_object", clients=3, requests=2, max_tokens=5, reps=1)
+    with background_server(app) as url:
+        result = bench.measure(url, MODEL, args)
+        samples = scrape(url)
+    plain = result["modes"]["plain"]
+    assert plain["rounds"] == 1 and plain["req_s"] > 0 and plain["tok_s"] > 0 and plain["itl_p50_ms"] > 0
+    assert value(samples, "vllm:request_success_total", finished_reason="length") >= 6  # the round's, and warm-up's
+    if "json_object" in result["refused"]:  # a server without response_format (today's): a 400, said so
+        assert result["refused"]["json_object"].startswith("400: 'response_format'")
+        assert "json_object" not in result["modes"]
+    else:  # a server that takes it: measured like plain
+        assert result["modes"]["json_object"]["rounds"] == 1
