@@ -41,7 +41,7 @@ PACKAGES = {
     "decode": "Turning a model into text: sampling, the KV cache, generate, the static decoder, speculative decoding.",
     "kernels": "How the products run fast: weight layouts, oneDNN, the C loops, quantized weights, compile backends.",
     "engine": "The serving engine: block manager, scheduler, paged cache, model runner, outputs, the engine's step.",
-    "server": "The OpenAI-compatible HTTP server around the engine: protocol, worker thread, routes, launch.",
+    "server": "The OpenAI-compatible HTTP server around the engine: protocol, worker thread, routes, launch, metrics.",
     "verify": "The verification ritual: against transformers (lesson 11) and against any server (lesson 19).",
     "instruments": "Measuring instruments the lessons use (timing, roofline, agreement, distributions); no "
                    "production path imports them.",

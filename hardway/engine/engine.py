@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import torch
@@ -14,7 +15,7 @@ from hardway.engine.logprobs import TokenLogprobs, picked_logprobs, prompt_logpr
 from hardway.engine.model_runner import ModelRunner
 from hardway.engine.output import OutputProcessor
 from hardway.engine.scheduler import Scheduler
-from hardway.engine.sequence import RequestOutput, SamplingParams, Sequence
+from hardway.engine.sequence import RequestOutput, RequestStats, SamplingParams, Sequence, StepStats
 from hardway.loading import CausalLM
 
 
@@ -113,6 +114,8 @@ class Engine:
         if self.scheduler.abort(seq):
             self.n_aborted += 1
         seq.finish_reason = "abort"
+        if self.on_stats is not None:
+            self.on_stats(self.stats(finished=[seq]))
 
     def abort_all(self) -> None:
         """Drop every request not finished yet: every block back to the pool."""
@@ -121,6 +124,8 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    on_stats = None  # a function given the StepStats of every step and every abort (a server's metrics, section 10)
 
     def step(self) -> list[RequestOutput]:
         """One iteration: the scheduler picks the work, the runner computes it in one forward pass and picks every
@@ -131,6 +136,10 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        first = [s for s in batch.admitted if s.scheduled_time is None]  # out of the queue for the first time
+        hits = sum(s.n_cached for s in first)  # their prompt positions found in the pool (lesson 15)
+        for seq in first:
+            seq.scheduled_time = time.monotonic()
         try:
             picked = self._compute(batch.seqs, batch.n_new)
             results = [lambda r=r: r for r in picked]
@@ -141,7 +150,19 @@ class Engine:
             out = self.postprocess(seq, n, result)
             if out is not None:
                 outputs.append(out)
+        if self.on_stats is not None:
+            caching = self.blocks.caches_prefixes  # vLLM counts prefix queries only where prefixes are cached
+            self.on_stats(self.stats(n_tokens=sum(batch.n_new), n_preempted=len(batch.preempted),
+                                     prefix_queries=sum(len(s.prompt_ids) for s in first) if caching else 0,
+                                     prefix_hits=hits if caching else 0,
+                                     finished=[s for s in batch.seqs if s.finish_reason is not None]))
         return outputs
+
+    def stats(self, finished=(), **done) -> StepStats:
+        """The engine now, with what a step `done` (StepStats' counts) and the sequences that just ended."""
+        now = time.monotonic()
+        return StepStats(now, len(self.running), len(self.waiting), 1 - self.blocks.n_free / self.blocks.n_blocks,
+                         finished=tuple(RequestStats.of(s, now) for s in finished), **done)
 
     def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[tuple[int, TokenLogprobs | None] | None]:
         """One forward pass -> each sequence's next token and its TokenLogprobs (None if not asked), or None for a
@@ -167,6 +188,7 @@ class Engine:
             if picked is None:  # a chunk of the prompt, not its last: nothing picked yet
                 return None
             token, entry = picked
+            seq.token_times.append(time.monotonic())
             k = seq.params.prompt_logprobs
             prompt = prompt_logprobs(self.model, seq.prompt_ids, k) if k is not None and not seq.output_ids else None
             out = self.output.accept(seq, token, entry, prompt)

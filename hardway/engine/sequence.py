@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +63,10 @@ class Sequence:
     generator: torch.Generator | None = None
     detokenizer: Detokenizer | None = None  # the output processor's: bytes of half a character wait here
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token picked (an EOS too), if asked
+    arrival_time: float = field(default_factory=time.monotonic)  # when it was added (time.monotonic() seconds, as
+                                      # the next two: what a server's metrics measure, section 10)
+    scheduled_time: float | None = None  # when first scheduled: its wait in the queue ends (a preemption keeps it)
+    token_times: list[float] = field(default_factory=list)  # when each token was picked (an EOS too)
 
     @property
     def tokens(self) -> list[int]:
@@ -93,3 +98,42 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """One request's life in the engine, as plain values, made when it ends (finished, failed or aborted). Times are
+    time.monotonic() seconds."""
+    request_id: int
+    finish_reason: str              # "stop", "length", "abort" or "error"
+    n_prompt_tokens: int
+    n_preemptions: int
+    arrival_time: float             # Engine.add
+    scheduled_time: float | None    # first scheduled; None: it never left the waiting queue
+    token_times: tuple[float, ...]  # when each token was picked; the first is the first token's
+    finished_time: float
+
+    @property
+    def n_generated_tokens(self) -> int:
+        """Tokens picked, an end-of-sequence token that ended it included (vLLM counts it too)."""
+        return len(self.token_times)
+
+    @classmethod
+    def of(cls, seq: Sequence, now: float) -> RequestStats:
+        return cls(seq.id, seq.finish_reason, len(seq.prompt_ids), seq.n_preemptions, seq.arrival_time,
+                   seq.scheduled_time, tuple(seq.token_times), now)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """The engine just after a step (or an abort), as plain values: what runs and waits, what the step did, and the
+    requests that ended in it. Made in the engine's thread; any thread may read it."""
+    time: float                 # time.monotonic()
+    n_running: int
+    n_waiting: int
+    kv_cache_usage: float       # the fraction of the pool's blocks a sequence holds (a prefix cache's unheld: free)
+    n_tokens: int = 0           # positions computed in the step: prompt chunks and decodes
+    n_preempted: int = 0
+    prefix_queries: int = 0     # prompt tokens of the requests scheduled for the first time (with a prefix cache)
+    prefix_hits: int = 0        # of those, the ones found in the pool: not computed (lesson 15)
+    finished: tuple[RequestStats, ...] = ()

@@ -11,7 +11,7 @@ import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hardway.engine.engine import Engine
@@ -29,6 +29,7 @@ from hardway.server.protocol import (
     prompt_ids,
     sampling_params,
 )
+from hardway.server.metrics import CONTENT_TYPE, ServerMetrics
 from hardway.server.worker import DISCONNECTED, Ended, EngineThread, Pending, next_event
 from hardway.text.chat import ChatTemplate, ChatTemplateError
 
@@ -82,6 +83,8 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
 
     app = FastAPI(title="hardway", lifespan=lifespan)
     app.state.worker = worker
+    app.state.metrics = metrics = ServerMetrics(model_name)  # GET /metrics (section 10)
+    engine.on_stats = metrics.record  # the engine's thread hands it every step's StepStats
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
@@ -110,6 +113,10 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     async def health():
         state = worker.health()
         return JSONResponse(state, status_code=200 if state["status"] == "ok" else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():  # Prometheus's text format, under vLLM's names (section 10)
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
