@@ -125,8 +125,8 @@ def check_int8_error_bound(my_error_bound) -> str:
     half_step = rows.abs().amax(-1, keepdim=True) / 254
     if (bound > 1.01 * half_step + slack).any():
         i = int((bound > 1.01 * half_step + slack).squeeze(1).nonzero()[0])
-        raise Wrong(f"row {i}: your bound {float(bound[i]):.4g} holds but is looser than it must be: the worst error "
-                    f"over many rows comes within a hair of it ({float(error.max() / half_step.max()):.3f} of the "
-                    f"tight bound); how far can rounding to the nearest step move a value?")
+        raise Wrong(f"row {i}: your bound {float(bound[i]):.4g} holds but is looser than it must be: over many rows "
+                    f"the worst error comes within a hair of a smaller one; how far can rounding to the nearest step "
+                    f"move a value?")
     return (f"right: max|x|/254, half a step; over 4096 rows the worst error reached "
             f"{float((error / half_step).max()):.4f} of it")
