@@ -206,3 +206,14 @@ def test_a_bad_kv_cache_dtype_is_one_clear_error(smol, tokenizer, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", "--model", SMOLLM2, "--kv-cache-dtype", "fp8"])
     assert e.value.code == 2 and "--kv-cache-dtype: invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_serve_passes_kv_cache_dtype_to_the_engine(monkeypatch):
+    """`hardway serve --kv-cache-dtype int8` reaches launch.serve, which hands it to the engine it builds."""
+    import hardway.server.launch as launch
+
+    seen = {}
+    monkeypatch.setattr(launch, "serve", lambda *args, **kwargs: seen.update(kwargs))
+    assert main(["serve", "--model", SMOLLM2, "--kv-cache-dtype", "int8", "--eager"]) == 0
+    assert seen["kv_cache_dtype"] == "int8"
+    assert main(["serve", "--model", SMOLLM2, "--eager"]) == 0 and seen["kv_cache_dtype"] == "auto"
