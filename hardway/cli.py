@@ -207,7 +207,8 @@ def cmd_serve(args) -> int:
     serve(source, host=args.host, port=args.port, max_batch=args.max_batch, n_blocks=args.blocks,
           block_size=args.block_size, device=device, dtype=dtype, grace_s=args.grace,
           max_step_tokens=args.max_step_tokens, compile_sizes=compile_sizes,
-          engine_class=Engine if args.no_prefix_cache else PrefixCachingEngine)  # lesson 14's, or lesson 15's
+          engine_class=Engine if args.no_prefix_cache else PrefixCachingEngine,  # lesson 14's, or lesson 15's
+          kv_cache_dtype=args.kv_cache_dtype)  # lesson 24
     return 0
 
 
@@ -269,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt from its first token (lesson 14's engine); by default full blocks of "
                         "earlier prompts are shared (lesson 15)")
+    s.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
+                   help="how the KV cache is stored: auto (the model's dtype) or int8 (a scale per position and head: "
+                        "about a quarter of fp32's bytes; lesson 24)")
     s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
     s.add_argument("--eager", action="store_true",

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from hardway.decode.kv_quant import check_kv_cache_dtype, new_kv_cache
 from hardway.decode.sampling import SamplingConfig, sample_next_token, sampling_config
 from hardway.errors import check_int
 from hardway.loading import CausalLM, eos_token_list
@@ -88,9 +89,9 @@ class Decoder:
 
     padded_batches = True  # whether a step takes an attention_mask (a left-padded batch, lesson 13)
 
-    def __init__(self, model: CausalLM, batch_size: int, max_len: int):
+    def __init__(self, model: CausalLM, batch_size: int, max_len: int, kv_cache_dtype: str | None = None):
         self.model = model
-        self.kv_cache = model.new_kv_cache(batch_size, max_len)
+        self.kv_cache = new_kv_cache(model, batch_size, max_len, kv_cache_dtype)  # lesson 24: "int8", or the model's
 
     def __call__(self, token: torch.Tensor, input_pos: torch.Tensor, attention_mask=None) -> torch.Tensor:
         return decode_one_token(self.model, token, input_pos, self.kv_cache, attention_mask)  # (B, 1, V)
@@ -102,8 +103,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
              eos_token_id=MODEL_EOS, generator: torch.Generator | None = None,
              on_token: Callable[[torch.Tensor], None] | None = None, attention_mask: torch.Tensor | None = None,
-             decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None
-             ) -> torch.Tensor:
+             decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None,
+             kv_cache_dtype: str | None = None) -> torch.Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
     How the next token is picked: transformers' keywords `do_sample`, `temperature`, `top_k`, `top_p`,
@@ -119,9 +120,13 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     compiled one). `use_cache=False` re-runs the whole sequence every step instead (the naive loop, to compare).
     `eos_check_every`: steps between two host reads of "every row finished" (default: 1 on CPU or with on_token, 8
     otherwise); the steps run after the rows finished are cut, so the result does not depend on it.
+    `kv_cache_dtype` (lesson 24): "int8" keeps the new Decoder's cache in int8; None or "auto", the model's dtype.
     """
     # Every argument is checked before the model runs or a cache is allocated.
     max_new_tokens = check_prompt(model, input_ids, max_new_tokens)
+    if check_kv_cache_dtype(kv_cache_dtype) is not None and decoder is not None:
+        raise ValueError("kv_cache_dtype chooses the cache of the Decoder generate makes: give it to the decoder you "
+                         "pass instead (Decoder(model, B, max_len, kv_cache_dtype))")
     B, T = input_ids.shape
     sampling = sampling_config(sampling, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                repetition_penalty=repetition_penalty)
@@ -153,7 +158,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
         return None if mask is None else mask[:, :n]  # (B, n)
 
     if use_cache:
-        decoder = Decoder(model, B, T + max_new_tokens) if decoder is None else decoder
+        decoder = Decoder(model, B, T + max_new_tokens, kv_cache_dtype) if decoder is None else decoder
         logits = prefill(model, input_ids, decoder.kv_cache, padding(T))  # (B, 1, V)
     else:
         logits = model(input_ids, **({} if mask is None else {"attention_mask": padding(T)}))  # (B, T, V)

@@ -29,11 +29,13 @@ class Engine:
     A model whose `sliding_windows` names layers that attend to a sliding window (lesson 15) gets a second pool for
     those layers, whose blocks go back to it as the window moves past them: `n_sliding_blocks` blocks (None: room
     for max_batch sequences' windows). sliding_pool=False keeps every layer in the one pool, as for any other
-    model (to compare). Such a model reuses no cached prefix: PrefixCachingEngine caches nothing for it."""
+    model (to compare). Such a model reuses no cached prefix: PrefixCachingEngine caches nothing for it.
+    `kv_cache_dtype` (lesson 24): "int8" stores the KV cache in int8, a scale per position and head; None or "auto":
+    the model's dtype."""
 
     def __init__(self, model: CausalLM, tokenizer, n_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
                  max_step_tokens: int = 512, compile_sizes=(), backend=None, n_sliding_blocks: int | None = None,
-                 sliding_pool: bool = True):
+                 sliding_pool: bool = True, kv_cache_dtype: str | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size = model.config.vocab_size  # rows of the embedding: the ids the model can read
         largest = max(tokenizer.decoder)  # the largest id the tokenizer can produce (an added token's, often)
@@ -46,7 +48,8 @@ class Engine:
         self.scheduler = Scheduler(n_blocks, block_size, max_batch, max_step_tokens, sliding)
         sliding_layers = [i for i, w in enumerate(windows or ()) if w is not None]
         self.runner = ModelRunner(model, n_blocks, block_size, compile_sizes=compile_sizes, backend=backend,
-                                  sliding_layers=sliding_layers, n_sliding_blocks=sliding.n_blocks if sliding else 0)
+                                  sliding_layers=sliding_layers, n_sliding_blocks=sliding.n_blocks if sliding else 0,
+                                  kv_cache_dtype=kv_cache_dtype)
         if self.runner.decode is not None:
             self.runner.decode.compile_now()
         self.output = OutputProcessor(tokenizer, model.eos_token_ids)

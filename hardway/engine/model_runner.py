@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from hardway.decode.kv_quant import check_kv_cache_dtype
 from hardway.decode.sampling import sample_next_token
 from hardway.engine.paged_cache import PagedKVCache
+from hardway.engine.paged_int8 import Int8PagedKVCache
 from hardway.engine.sequence import Sequence
 from hardway.kernels.compile import compiled_step
 from hardway.kernels.onednn import onednn_linear_pays, with_onednn_linears
@@ -85,11 +87,14 @@ class ModelRunner:
     runs the CompiledDecode graph instead; every other step, eagerly as above.
 
     `sliding_layers` (lesson 15): the layers whose keys and values live in the sliding layers' pool of
-    n_sliding_blocks blocks; each sequence then has a second slot mapping, from its sliding table."""
+    n_sliding_blocks blocks; each sequence then has a second slot mapping, from its sliding table.
+    `kv_cache_dtype` (lesson 24): "int8" keeps the pool in int8 (Int8PagedKVCache); None or "auto", the model's."""
 
     def __init__(self, model: CausalLM, n_blocks: int, block_size: int, onednn: bool | None = None,
-                 compile_sizes=(), backend=None, sliding_layers=(), n_sliding_blocks: int = 0):
-        self.cache = PagedKVCache.for_model(model, n_blocks, block_size, sliding_layers, n_sliding_blocks)
+                 compile_sizes=(), backend=None, sliding_layers=(), n_sliding_blocks: int = 0,
+                 kv_cache_dtype: str | None = None):
+        cache_class = Int8PagedKVCache if check_kv_cache_dtype(kv_cache_dtype) == "int8" else PagedKVCache  # lesson 24
+        self.cache = cache_class.for_model(model, n_blocks, block_size, sliding_layers, n_sliding_blocks)
         self.block_size, self.device = block_size, self.cache.device
         self.has_sliding = bool(sliding_layers)
         if onednn is None:

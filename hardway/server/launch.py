@@ -99,14 +99,14 @@ def in_a_thread_of_its_own(fn):
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
           grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine,
-          compile_sizes=()) -> None:
+          compile_sizes=(), kv_cache_dtype: str | None = None) -> None:
     """Load a model and serve it until SIGINT/SIGTERM. `model_id`: anything `open_model` takes (a hub id, a folder,
     a .gguf file), or its ModelSource; /v1/models lists it under the name as given. On a signal, running requests
     get `grace_s` seconds to finish, and those still open are ended with an error (see _Server); a second signal
     ends sooner. `max_step_tokens`: the tokens one engine step computes at most (a longer prompt is prefilled in
     chunks). `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson 15's
     PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, before the server
-    listens."""
+    listens. `kv_cache_dtype`: "int8" for an int8 KV cache (lesson 24), None or "auto" for the model's dtype."""
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
@@ -124,7 +124,7 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
         model = source.load(device=device, dtype=dtype or torch.float32)
         blocks = n_blocks if n_blocks is not None else max_batch * -(-min(model.max_seq_len, 512) // block_size)
         return engine_class(model, tokenizer, n_blocks=blocks, block_size=block_size, max_batch=max_batch,
-                            max_step_tokens=max_step_tokens, compile_sizes=compile_sizes)
+                            max_step_tokens=max_step_tokens, compile_sizes=compile_sizes, kv_cache_dtype=kv_cache_dtype)
 
     # No tensor is ever computed in this thread: the model loads (and the decode steps compile) in a thread of their
     # own that then ends, and the engine thread computes everything after (lesson 14, "One thread computes"). With
