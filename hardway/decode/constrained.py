@@ -20,6 +20,7 @@ from hardway.decode.sampling import LogitsProcessor
 __all__ = ["GrammarError", "TokenVocabulary", "TokenAutomaton", "ConstrainedLogits", "BatchConstrainedLogits",
            "compile_json_schema", "compile_regex", "token_vocabulary"]
 
+
 # The added tokens that end a text, by name, when the caller does not say which ids end it.
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "</s>", "<eos>",
               "<end_of_turn>")
@@ -142,7 +143,7 @@ class TokenAutomaton:
         self.finished = dfa.n_states  # the state after an EOS token
         self._masks: dict[int, torch.Tensor] = {}
         self._moves: dict[tuple[int, int], int] = {}
-        self._wide: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+        self._wide: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def n_states(self) -> int:
@@ -174,15 +175,26 @@ class TokenAutomaton:
     def allowed_for(self, state: int, width: int, device) -> torch.Tensor:
         """allowed(state) as `width` entries on `device`, for logits wider than the vocabulary (padding rows of the
         embedding, never allowed) or narrower (ids the model cannot produce are dropped). Cached."""
+        return self._for(state, width, device)[0]
+
+    def bias_for(self, state: int, width: int, device) -> torch.Tensor:
+        """(width,) float32: 0 where allowed_for(state) is True, -inf elsewhere. Adding it to the logits is the mask:
+        one add, several times cheaper than masked_fill on a CPU. Cached, for the states a generation visits."""
+        return self._for(state, width, device)[1]
+
+    def _for(self, state: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (state, width, torch.device(device))
-        mask = self._wide.get(key)
-        if mask is None:
+        entry = self._wide.get(key)
+        if entry is None:
             narrow = self.allowed(state)  # (V,)
-            mask = torch.zeros(width, dtype=torch.bool)
+            mask = torch.zeros(width, dtype=torch.bool)  # (width,)
             n = min(width, self.vocab_size)
             mask[:n] = narrow[:n]
-            mask = self._wide[key] = mask.to(device)
-        return mask
+            if not mask.any():
+                raise GrammarError(f"no token of the vocabulary continues the grammar in state {state}")
+            bias = torch.zeros(width).masked_fill(~mask, float("-inf"))  # (width,)
+            entry = self._wide[key] = (mask.to(device), bias.to(device))
+        return entry
 
     def advance(self, state: int, token_id: int) -> int:
         """The state after `token_id`; a ValueError if the grammar does not allow that token in `state`."""
@@ -271,10 +283,7 @@ class ConstrainedLogits(LogitsProcessor):
             raise ValueError(f"ConstrainedLogits follows one sequence, got a batch of {input_ids.shape[0]}: use one "
                              f"per row (BatchConstrainedLogits)")
         state = self.update(input_ids[0])
-        allowed = self.automaton.allowed_for(state, scores.shape[-1], scores.device)  # (V_scores,)
-        if not allowed.any():
-            raise GrammarError(f"no token of the vocabulary continues the grammar in state {state}")
-        return scores.masked_fill(~allowed, float("-inf"))  # (1, V)
+        return scores + self.automaton.bias_for(state, scores.shape[-1], scores.device)  # (1, V): -inf if disallowed
 
 
 class BatchConstrainedLogits(LogitsProcessor):

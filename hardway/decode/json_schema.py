@@ -11,6 +11,7 @@ import json
 
 from hardway.decode.regex_automaton import MAX_REPEAT, GrammarError
 
+
 # The whitespace allowed between two tokens of the JSON text: one optional space, as outlines-core's default. It admits
 # both `{"a":1}` and json.dumps' `{"a": 1}`, and it cannot run away: `[ \n\t]*` lets a model write newlines forever.
 WHITESPACE = r"[ ]?"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)  # not characters: UTF-8 never encodes them
 MAX_REPEAT = 1000  # the largest count `{m,n}` may name: each count is a copy of the repeated part in the automaton
