@@ -365,6 +365,11 @@ def determinize(nfa: ByteNFA, entry: int, exit_: int, max_states: int = 200_000)
     return ByteDFA(np.stack(rows), accepting, 0)
 
 
+def as_rows(table: np.ndarray) -> np.ndarray:
+    """A contiguous 2-D array as one opaque value per row, so np.unique compares whole rows fast."""
+    return table.view(np.dtype((np.void, table.dtype.itemsize * table.shape[1]))).ravel()
+
+
 def prune_and_minimize(dfa: ByteDFA) -> ByteDFA:
     """Drop the states that cannot reach an accepting one (their moves become -1), then merge the states that accept
     the same continuations (Moore's refinement): the smallest DFA of the language, state 0 its start."""
@@ -378,32 +383,33 @@ def prune_and_minimize(dfa: ByteDFA) -> ByteDFA:
     if not live[dfa.start]:
         raise GrammarError("the grammar matches no text at all")
     trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], trans, -1)  # (n, 256)
+    # Bytes whose columns are equal move alike from every state: refine on one column per class of bytes.
+    columns = np.ascontiguousarray(trans.T)  # (256, n)
+    _, first_of_class = np.unique(as_rows(columns), return_index=True)
+    by_class = trans[:, np.sort(first_of_class)]  # (n, C)
     block = accepting.astype(np.int64)  # the partition: accepting or not, then refined by where each byte leads
     n_blocks = len(np.unique(block))
     while True:
-        nxt = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)  # (n, 256): the block each byte leads to
-        signature = np.concatenate([block[:, None], nxt], axis=1)  # (n, 257)
-        _, block = np.unique(signature, axis=0, return_inverse=True)
+        nxt = np.where(by_class >= 0, block[np.maximum(by_class, 0)], -1)  # (n, C): the block each byte leads to
+        signature = np.ascontiguousarray(np.concatenate([block[:, None], nxt], axis=1))  # (n, 1 + C)
+        _, block = np.unique(as_rows(signature), return_inverse=True)
         block = block.reshape(-1)
         if block.max() + 1 == n_blocks:
             break
         n_blocks = int(block.max()) + 1
-    keep = np.flatnonzero(live)
-    # number the blocks of live states in order of first appearance from the start: the start becomes state 0
-    order = {dfa.start: 0}
-    for s in keep:
-        order.setdefault(int(s), len(order))
-    renumber = {}
-    for s in sorted(order, key=order.get):
-        renumber.setdefault(int(block[s]), len(renumber))
-    n = len(renumber)
-    new_trans = np.full((n, 256), -1, dtype=np.int32)
-    new_accepting = np.zeros(n, dtype=bool)
-    for s in keep:
-        b = renumber[int(block[s])]
-        row = trans[s]
-        new_trans[b] = np.where(row >= 0, [renumber.get(int(block[t]), -1) if t >= 0 else -1 for t in row], -1)
-        new_accepting[b] = accepting[s]
+    keep = np.flatnonzero(live)  # (K,)
+    # one representative per block of live states; the start's block becomes state 0, the others keep their order
+    blocks, first = np.unique(block[keep], return_index=True)  # (n,) each
+    blocks = blocks[np.argsort(first)]
+    start_block = block[dfa.start]
+    blocks = np.concatenate([[start_block], blocks[blocks != start_block]])  # (n,)
+    renumber = np.full(int(block.max()) + 1, -1, dtype=np.int32)
+    renumber[blocks] = np.arange(len(blocks), dtype=np.int32)
+    representatives = keep[first[np.argsort(first)]]  # in the old order of blocks
+    representatives = np.concatenate([[dfa.start], representatives[block[representatives] != start_block]])  # (n,)
+    rows = trans[representatives]  # (n, 256)
+    new_trans = np.where(rows >= 0, renumber[block[np.maximum(rows, 0)]], -1).astype(np.int32)  # (n, 256)
+    new_accepting = accepting[representatives]
     return ByteDFA(new_trans, new_accepting, 0)
 
 
