@@ -283,7 +283,8 @@ class ConstrainedLogits(LogitsProcessor):
             raise ValueError(f"ConstrainedLogits follows one sequence, got a batch of {input_ids.shape[0]}: use one "
                              f"per row (BatchConstrainedLogits)")
         state = self.update(input_ids[0])
-        return scores + self.automaton.bias_for(state, scores.shape[-1], scores.device)  # (1, V): -inf if disallowed
+        bias = self.automaton.bias_for(state, scores.shape[-1], scores.device)  # (V,): 0, or -inf if disallowed
+        return (scores + bias).to(scores.dtype)  # (1, V)
 
 
 class BatchConstrainedLogits(LogitsProcessor):
