@@ -118,8 +118,8 @@ SCHEMAS = [
      "required": ["who", "tags"]},
     {"anyOf": [{"type": "integer"}, {"const": "a"}, {"type": "null"}]},
     {"type": "object", "properties": {"f": {"type": ["string", "null"]}}, "required": ["f"]},
-    {"type": "object"},
-]
+]  # any JSON object (`{"type": "object"}`) is left out: outlines-core takes seconds to index its 293 states; lesson 25
+#   and test_refs_to_defs_and_any_object check our side of it
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
