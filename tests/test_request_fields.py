@@ -1,0 +1,268 @@
+"""The rest of OpenAI's request in `hardway serve`: min_p, presence and frequency penalties, logit_bias,
+stop_token_ids and n > 1, each checked for its effect (against transformers where it has the processor, against a
+count by hand where it does not), for its validation (a 400 naming the field), and through the official `openai`
+client. An app in this process (the prefix-caching engine on the SmolLM2 stand-in, uvicorn in a thread)."""
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from openai import BadRequestError, OpenAI
+from transformers.generation import logits_process as hf_processors
+
+from hardway.decode.sampling import (LogitBiasLogitsProcessor, MinPLogitsWarper,
+                                     PresenceFrequencyPenaltyLogitsProcessor, SamplingConfig, sampling_config)
+from hardway.engine.engine import PrefixCachingEngine
+from hardway.engine.sequence import SamplingParams
+from hardway.formats.hub import checkpoint
+from hardway.loading import load
+from hardway.server.app import create_app
+from hardway.text.chat import ChatTemplate
+from hardway.text.tokenizer import load_tokenizer
+from test_server import SMOLLM2, alone, free_port
+
+PROMPT = "The capital of France is"
+BLOCK = 4  # small blocks, so that a short prompt has full blocks to share
+
+
+@pytest.fixture(scope="module")
+def live():
+    folder = checkpoint(SMOLLM2)
+    model, tok = load(folder), load_tokenizer(folder)
+    engine = PrefixCachingEngine(model, tok, n_blocks=96, block_size=BLOCK, max_batch=8)
+    app = create_app(engine, SMOLLM2, ChatTemplate.from_folder(folder))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield SimpleNamespace(url=url, engine=engine, model=model, tok=tok, client=client)
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def post(live, path, body):
+    return httpx.post(live.url + path, json=body, timeout=120)
+
+
+def complete(live, **fields) -> dict:
+    body = {"model": SMOLLM2, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, **fields}
+    r = post(live, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stats(live) -> dict:
+    return httpx.get(live.url + "/stats", timeout=10).json()
+
+
+# --- the processors, against transformers or a count by hand -------------------------------------------------------
+
+def test_min_p_equals_transformers():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 1000, generator=g) * 3  # (B, V)
+    scores[1, 7] = 30.0  # one very likely token
+    scores[2, :3] = scores[2].max() + 1  # a three-way tie at the top
+    ids = torch.zeros(4, 1, dtype=torch.long)
+    for min_p in (0.0, 0.02, 0.1, 0.5, 1.0):
+        assert torch.equal(MinPLogitsWarper(min_p)(ids, scores), hf_processors.MinPLogitsWarper(min_p)(ids, scores.clone()))
+
+
+def test_logit_bias_equals_transformers_sequence_bias():
+    g = torch.Generator().manual_seed(1)
+    scores, ids = torch.randn(3, 50, generator=g), torch.randint(0, 50, (3, 9), generator=g)  # (B, V), (B, T)
+    bias = {4: 2.5, 9: -100.0, 49: 100}
+    theirs = hf_processors.SequenceBiasLogitsProcessor({(t,): float(b) for t, b in bias.items()})(ids, scores.clone())
+    assert torch.equal(LogitBiasLogitsProcessor(bias)(ids, scores), theirs)
+
+
+def test_presence_and_frequency_count_only_generated_tokens():
+    scores = torch.zeros(1, 6)  # (1, V)
+    ids = torch.tensor([[1, 1, 2, 3, 3, 3, 1]])  # prompt [1, 1, 2], then 3 three times and 1 once
+    out = PresenceFrequencyPenaltyLogitsProcessor(0.5, 0.25, prompt_length=3)(ids, scores)
+    assert out.tolist() == [[0.0, -(0.5 + 0.25), 0.0, -(0.5 + 0.75), 0.0, 0.0]]  # token 2: in the prompt only
+
+
+def test_sampling_config_keeps_its_keywords_and_takes_the_new_ones():
+    old = SamplingConfig(True, 0.7, 5, 0.9, 1.2)  # positional, as before
+    assert (old.do_sample, old.temperature, old.top_k, old.top_p, old.repetition_penalty) == (True, 0.7, 5, 0.9, 1.2)
+    assert sampling_config(do_sample=True, temperature=0.8).top_k == 50
+    config = SamplingConfig.from_temperature(0, frequency_penalty=0.5, logit_bias={3: 1.0, 1: -2})
+    assert config.logit_bias == ((1, -2), (3, 1.0)) and hash(config) and config.needs_processors
+    assert not SamplingConfig.from_temperature(0).needs_processors
+    assert [type(p).__name__ for p in SamplingConfig(True, min_p=0.1, presence_penalty=1).processors()] == \
+        ["PresenceFrequencyPenaltyLogitsProcessor", "MinPLogitsWarper"]
+    for bad in (dict(min_p=1.5), dict(presence_penalty=float("nan")), dict(logit_bias={-1: 1.0}),
+                dict(logit_bias={3: 101.0}), dict(logit_bias="no")):
+        with pytest.raises(ValueError):
+            SamplingConfig(**bad)
+
+
+# --- each field's effect through the server ---------------------------------------------------------------------
+
+def test_large_logit_bias_forces_a_token(live):
+    token = live.tok.encode(" Paris")[0]
+    out = complete(live, logit_bias={str(token): 100}, max_tokens=4)
+    assert out["choices"][0]["text"] == live.tok.decode([token] * 4)
+    greedy = live.tok.encode(complete(live, max_tokens=1)["choices"][0]["text"])[0]
+    banned = complete(live, logit_bias={str(greedy): -100}, max_tokens=1)  # the greedy token banned: another one
+    assert live.tok.encode(banned["choices"][0]["text"])[0] != greedy
+
+
+def greedy_with_penalties(model, ids, n, presence, frequency, eos):
+    """Greedy decoding by hand: the logits of the whole sequence, minus OpenAI's penalties counted over the generated
+    tokens only (as vLLM counts), argmax."""
+    out = []
+    for _ in range(n):
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids + out]))[0, -1].float()  # (V,)
+        counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=logits.shape[0]).float()  # (V,)
+        token = int((logits - presence * (counts > 0).float() - frequency * counts).argmax())
+        if token in eos:
+            break
+        out.append(token)
+    return out
+
+
+def test_frequency_and_presence_penalty_equal_a_computation_by_hand(live):
+    prompt = "1, 2, 1, 2, 1, 2,"  # greedy repeats itself here: the penalties have something to do
+    ids, n = live.tok.encode(prompt), 10
+    plain = alone(live.model, ids, n, live.model.eos_token_ids)
+    answers = []
+    for presence, frequency in ((0.0, 2.0), (2.0, 0.0), (-0.5, 2.0), (2.0, 2.0)):
+        expected = greedy_with_penalties(live.model, ids, n, presence, frequency, live.model.eos_token_ids)
+        out = complete(live, prompt=prompt, max_tokens=n, presence_penalty=presence, frequency_penalty=frequency,
+                       return_token_ids=True)
+        assert out["choices"][0]["token_ids"] == expected, (presence, frequency)
+        answers.append(expected)
+    assert any(a != plain for a in answers)  # the penalties changed the answer, as the computation by hand says
+
+
+def test_min_p_one_samples_only_the_most_likely_token(live):
+    greedy = complete(live, max_tokens=5)["choices"][0]["text"]
+    for seed in (1, 2):
+        assert complete(live, max_tokens=5, temperature=1.5, min_p=1.0, seed=seed)["choices"][0]["text"] == greedy
+
+
+def test_stop_token_ids_end_the_answer(live):
+    tokens = complete(live, max_tokens=6, return_token_ids=True)["choices"][0]["token_ids"]
+    out = complete(live, max_tokens=6, stop_token_ids=[tokens[2]], return_token_ids=True)["choices"][0]
+    assert out["token_ids"] == tokens[:2] and out["finish_reason"] == "stop"
+
+
+def test_rows_with_different_settings_share_a_step_and_each_gets_its_own(live):
+    """Several sequences in one engine step (a plain greedy row, a biased one, a penalized one, a sampled one):
+    each answer equals that request run alone."""
+    engine = PrefixCachingEngine(live.model, live.tok, n_blocks=64, block_size=BLOCK, max_batch=8)
+    ids = live.tok.encode("Once upon a time")
+    settings = [SamplingParams(max_tokens=6, temperature=0),
+                SamplingParams(max_tokens=6, temperature=0, logit_bias={live.tok.encode(" dragon")[0]: 8.0}),
+                SamplingParams(max_tokens=6, temperature=0, frequency_penalty=2.0, presence_penalty=0.5),
+                SamplingParams(max_tokens=6, temperature=0.9, seed=5, min_p=0.05)]
+    rows, sample = [], engine.runner.sample
+    engine.runner.sample = lambda seqs, logits: rows.append(len(seqs)) or sample(seqs, logits)  # rows picked per step
+    seqs = [engine.add(ids, p) for p in settings]
+    while engine.has_work():
+        engine.step()
+    assert rows and all(r == len(settings) for r in rows)  # every step picked the four rows' tokens together
+    for seq, p in zip(seqs, settings):
+        (one,) = PrefixCachingEngine(live.model, live.tok, n_blocks=64, block_size=BLOCK).generate([ids], p)
+        assert seq.output_ids == one.output_ids
+    assert seqs[1].output_ids != seqs[0].output_ids  # the bias changed the greedy answer
+
+
+# --- n > 1 --------------------------------------------------------------------------------------------------------
+
+def test_n_sampled_choices_differ_and_share_the_prompt_blocks(live):
+    ids = live.tok.encode(PROMPT * 3)  # a few full blocks
+    before = stats(live)["prefix_cache_hit_tokens"]
+    out = complete(live, prompt=ids, n=3, temperature=1.0, seed=11, max_tokens=8)
+    hits = stats(live)["prefix_cache_hit_tokens"] - before
+    choices = out["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert len({c["text"] for c in choices}) == 3
+    assert hits >= 2 * ((len(ids) - 1) // BLOCK) * BLOCK  # choices 1 and 2 found choice 0's full prompt blocks
+    assert out["usage"]["prompt_tokens"] == len(ids)  # counted once
+    assert out["usage"]["completion_tokens"] == sum(len(live.tok.encode(c["text"])) for c in choices) or \
+        out["usage"]["completion_tokens"] >= 3
+    # vLLM's seeds: choice i is seeded seed + i, so it equals a request for one choice with that seed
+    for i, c in enumerate(choices):
+        assert complete(live, prompt=ids, temperature=1.0, seed=11 + i, max_tokens=8)["choices"][0]["text"] == c["text"]
+
+
+def test_n_greedy_choices_are_identical_and_usage_counts_them_all(live):
+    one = complete(live, max_tokens=5, return_token_ids=True)
+    out = complete(live, max_tokens=5, n=4, return_token_ids=True)
+    assert [c["text"] for c in out["choices"]] == [one["choices"][0]["text"]] * 4
+    assert out["usage"]["completion_tokens"] == 4 * len(one["choices"][0]["token_ids"])
+    assert out["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+
+
+def test_n_streamed_chunks_carry_their_index(live):
+    body = {"model": SMOLLM2, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6,
+            "temperature": 0, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    texts, finishes, roles = {}, {}, set()
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(x) for x in lines[:-1]]
+    for chunk in chunks[:-1]:
+        (c,) = chunk["choices"]
+        texts[c["index"]] = texts.get(c["index"], "") + (c["delta"].get("content") or "")
+        if c["delta"].get("role"):
+            roles.add(c["index"])
+        if c["finish_reason"]:
+            finishes[c["index"]] = c["finish_reason"]
+    whole = post(live, "/v1/chat/completions", {**body, "stream": False, "n": 1}).json()
+    assert roles == {0, 1} and set(finishes) == {0, 1}
+    assert texts[0] == texts[1] == whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 2 * whole["usage"]["completion_tokens"]
+
+
+# --- bad values: a 400 naming the field ---------------------------------------------------------------------------
+
+BAD = [
+    ({"n": 0}, "n"), ({"n": 1000}, "n"), ({"n": 1.5}, "n"), ({"n": "2"}, "n"),
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"frequency_penalty": "high"}, "frequency_penalty"), ({"presence_penalty": True}, "presence_penalty"),
+    ({"min_p": 1.5}, "min_p"), ({"min_p": -0.1}, "min_p"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"-5": 1}}, "logit_bias"),
+    ({"logit_bias": {"999999999": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"5": "x"}}, "logit_bias"), ({"logit_bias": [5, 1]}, "logit_bias"),
+    ({"stop_token_ids": [10 ** 9]}, "stop_token_ids"), ({"stop_token_ids": "2"}, "stop_token_ids"),
+    ({"stop_token_ids": [1.5]}, "stop_token_ids"), ({"best_of": 3}, "best_of"),
+]
+
+
+@pytest.mark.parametrize("fields, param", BAD, ids=[f"{p}={json.dumps(f[p])[:20]}" for f, p in BAD])
+def test_bad_values_get_a_400_naming_the_field(live, fields, param):
+    r = post(live, "/v1/completions", {"model": SMOLLM2, "prompt": PROMPT, "max_tokens": 2, **fields})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and param in error["message"] and error["type"] == "invalid_request_error"
+
+
+# --- the official client ------------------------------------------------------------------------------------------
+
+def test_openai_client_n_penalties_logit_bias(live):
+    messages = [{"role": "user", "content": "Say something about cats."}]
+    out = live.client.chat.completions.create(model=SMOLLM2, messages=messages, max_tokens=8, n=3, temperature=0.8,
+                                              seed=3, presence_penalty=0.5, frequency_penalty=0.5)
+    assert [c.index for c in out.choices] == [0, 1, 2] and all(c.message.content for c in out.choices)
+    token = live.tok.encode(" meow")[0]
+    forced = live.client.completions.create(model=SMOLLM2, prompt=PROMPT, max_tokens=3, temperature=0,
+                                            logit_bias={str(token): 100})
+    assert forced.choices[0].text == live.tok.decode([token] * 3)
+    stop = live.client.completions.create(model=SMOLLM2, prompt=PROMPT, max_tokens=3, temperature=0,
+                                          extra_body={"min_p": 0.2, "stop_token_ids": [token]})
+    assert stop.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(BadRequestError) as e:
+        live.client.completions.create(model=SMOLLM2, prompt=PROMPT, max_tokens=2, frequency_penalty=5)
+    assert e.value.body["param"] == "frequency_penalty"
