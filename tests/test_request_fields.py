@@ -1,5 +1,5 @@
 """The rest of OpenAI's request in `hardway serve`: min_p, presence and frequency penalties, logit_bias,
-stop_token_ids and n > 1, each checked for its effect (against transformers where it has the processor, against a
+stop_token_ids, n > 1, response_format and tools, each checked for its effect (against transformers where it has the processor, against a
 count by hand where it does not), for its validation (a 400 naming the field), and through the official `openai`
 client. An app in this process (the prefix-caching engine on the SmolLM2 stand-in, uvicorn in a thread)."""
 import json
@@ -8,9 +8,11 @@ import time
 from types import SimpleNamespace
 
 import httpx
+import jsonschema
 import pytest
 import torch
 import uvicorn
+from fastapi.testclient import TestClient
 from openai import BadRequestError, OpenAI
 from transformers.generation import logits_process as hf_processors
 
@@ -21,6 +23,7 @@ from hardway.engine.sequence import SamplingParams
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.server.app import create_app
+from hardway.server.tools import hermes_reply
 from hardway.text.chat import ChatTemplate
 from hardway.text.tokenizer import load_tokenizer
 from test_server import SMOLLM2, alone, free_port
@@ -266,3 +269,128 @@ def test_openai_client_n_penalties_logit_bias(live):
     with pytest.raises(BadRequestError) as e:
         live.client.completions.create(model=SMOLLM2, prompt=PROMPT, max_tokens=2, frequency_penalty=5)
     assert e.value.body["param"] == "frequency_penalty"
+
+
+# --- response_format and tools ------------------------------------------------------------------------------------
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                         "country": {"enum": ["France", "Italy", "Spain"]}},
+        "required": ["city", "country"]}
+HOTEL = {"type": "object", "properties": {"stars": {"enum": [1, 2, 3, 4, 5]}, "pool": {"type": "boolean"}},
+         "required": ["stars", "pool"]}
+QUESTION = [{"role": "user", "content": "Name a city in Europe and its country."}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                           "parameters": CITY}},
+         {"type": "function", "function": {"name": "book_hotel", "parameters": HOTEL}}]
+
+
+def test_openai_client_response_format_json_schema_and_json_object(live):
+    out = live.client.chat.completions.create(
+        model=SMOLLM2, messages=QUESTION, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}})
+    jsonschema.validate(json.loads(out.choices[0].message.content), CITY)
+    sampled = live.client.completions.create(model=SMOLLM2, prompt="A JSON object about Rome:", max_tokens=40, n=2,
+                                             temperature=1.0, seed=7, extra_body={"response_format": {
+                                                 "type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}})
+    for c in sampled.choices:  # each choice its own grammar state
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.text), CITY)
+    anything = live.client.chat.completions.create(model=SMOLLM2, messages=QUESTION, max_tokens=30, temperature=0,
+                                                   response_format={"type": "json_object"})
+    text = anything.choices[0].message.content
+    assert text.startswith("{") and (anything.choices[0].finish_reason == "length" or
+                                     isinstance(json.loads(text), dict))
+
+
+def test_openai_client_tool_choice_named_and_required(live):
+    named = live.client.chat.completions.create(
+        model=SMOLLM2, messages=QUESTION, max_tokens=40, temperature=0, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "book_hotel"}})
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "book_hotel" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), HOTEL)
+    required = live.client.chat.completions.create(model=SMOLLM2, messages=QUESTION, max_tokens=50, temperature=0,
+                                                   tools=TOOLS, tool_choice="required")
+    (call,) = required.choices[0].message.tool_calls
+    assert call.function.name in ("get_weather", "book_hotel")
+    jsonschema.validate(json.loads(call.function.arguments), CITY if call.function.name == "get_weather" else HOTEL)
+    streamed = live.client.chat.completions.create(model=SMOLLM2, messages=QUESTION, max_tokens=40, temperature=0,
+                                                   tools=TOOLS[:1], tool_choice="required", stream=True)
+    calls = [d for chunk in streamed for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].function.arguments), CITY)
+
+
+def test_tool_choice_auto_needs_a_template_that_writes_tools(live):
+    """SmolLM2's template writes no tools: the model could not know them, so "auto" is refused, naming why; "none"
+    answers as if there were no tools."""
+    with pytest.raises(BadRequestError) as e:
+        live.client.chat.completions.create(model=SMOLLM2, messages=QUESTION, max_tokens=4, tools=TOOLS)
+    assert e.value.body["param"] == "tools" and "does not write tools" in e.value.body["message"]
+    plain = live.client.chat.completions.create(model=SMOLLM2, messages=QUESTION, max_tokens=4, temperature=0)
+    none = live.client.chat.completions.create(model=SMOLLM2, messages=QUESTION, max_tokens=4, temperature=0,
+                                               tools=TOOLS, tool_choice="none")
+    assert none.choices[0].message.content == plain.choices[0].message.content and not none.choices[0].message.tool_calls
+
+
+HERMES_TEMPLATE = (  # a short template in the style of Qwen2.5's: the tools in the system turn, calls in <tool_call>
+    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n{%- for tool in tools %}\n"
+    "{{ tool | tojson }}\n{%- endfor %}\n</tools>\nReturn a call as <tool_call>{\"name\": ..., \"arguments\": ...}"
+    "</tool_call><|im_end|>\n{%- endif %}\n"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endfor %}\n"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+def test_tool_choice_auto_renders_the_tools_and_reads_hermes_calls(live):
+    chat = ChatTemplate(HERMES_TEMPLATE, {}, live.tok)
+    with_tools = chat.render(QUESTION, True, tools=TOOLS)
+    assert '"name": "get_weather"' in with_tools and with_tools != chat.render(QUESTION, True)
+    app = create_app(PrefixCachingEngine(live.model, live.tok, n_blocks=96, block_size=BLOCK), SMOLLM2, chat)
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={"model": SMOLLM2, "messages": QUESTION, "tools": TOOLS,
+                                                       "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(live.tok.encode(with_tools, add_special_tokens=False))
+    fields, finish = hermes_reply('Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+                                  '</tool_call><tool_call>{"name": "book_hotel", "arguments": {"stars": 3}}')
+    assert finish == "tool_calls" and fields["content"] == "Let me look."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in fields["tool_calls"]] == \
+        [("get_weather", {"city": "Rome"}), ("book_hotel", {"stars": 3})]
+    assert hermes_reply("no call here") == ({"content": "no call here"}, None)
+    assert hermes_reply("<tool_call>{not json</tool_call>") == ({"content": "<tool_call>{not json</tool_call>"}, None)
+
+
+BAD_STRUCTURED = [
+    ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs 'json_schema'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}}, "response_format",
+     "must be a JSON schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": {"a": {}}}}}}, "response_format", "patternProperties"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "format": "email"}}}],
+      "tool_choice": "required"}, "tools", "'format'"),
+    ({"tools": {"f": 1}}, "tools", "must be a list"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools", "letters, digits"),
+    ({"tools": [{"type": "retrieval"}]}, "tools", "tools[0]"),
+    ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "\"required\""),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
+     "give one of them"),
+]
+
+
+@pytest.mark.parametrize("fields, param, words", BAD_STRUCTURED, ids=[f"{p}-{w[:16]}" for _, p, w in BAD_STRUCTURED])
+def test_bad_structured_requests_get_a_400_naming_the_field(live, fields, param, words):
+    r = post(live, "/v1/chat/completions", {"model": SMOLLM2, "messages": QUESTION, "max_tokens": 2, **fields})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert complete(live, max_tokens=1)["choices"][0]["text"]  # still serving
+
+
+def test_tools_on_completions_are_refused(live):
+    r = post(live, "/v1/completions", {"model": SMOLLM2, "prompt": PROMPT, "tools": TOOLS, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"

@@ -31,6 +31,7 @@ from hardway.server.protocol import (
     prompt_ids,
     sampling_params,
 )
+from hardway.server.tools import Structured, constrain, structured_asked
 from hardway.server.worker import DISCONNECTED, Ended, EngineThread, Pending, next_event
 from hardway.text.chat import ChatTemplate, ChatTemplateError
 
@@ -118,10 +119,12 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         body = await read_json(request, worker, body_timeout_s)
         check_model(body)
         ids = prompt_ids(body.get("prompt"), engine)
+        structured = structured_asked(body, chat=False)
         params = sampling_params(body, len(ids), engine, None, default_max_tokens=16)  # OpenAI's default: 16
         echo = echo_asked(body, chat=False)
         if echo:  # the prompt's log-probabilities too: the engine computes them, as it computes the answer's
             params.prompt_logprobs = params.logprobs
+        await constrain_off_loop(structured, params)
         return await respond(request, body, ids, params, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
@@ -132,13 +135,26 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
             raise APIError(400, f"'{model_name}' has no chat template: use /v1/completions", "messages")
         if "messages" not in body:
             raise APIError(400, "'messages' is required: a list of {role, content}", "messages")
+        structured = structured_asked(body, chat=True)
         try:
-            ids = chat.encode(body["messages"], add_generation_prompt=True)
+            ids = chat.encode(body["messages"], add_generation_prompt=True, tools=structured.tools)
+            if structured.tools and ids == chat.encode(body["messages"], add_generation_prompt=True):
+                raise APIError(400, f"the chat template of '{model_name}' does not write tools into the prompt, so the "
+                                    f"model cannot choose to call one ('tool_choice': \"auto\"): ask for a call "
+                                    f"('tool_choice': \"required\" or a named function), or leave 'tools' out", "tools")
         except ChatTemplateError as e:
             raise APIError(400, f"'messages': {e}", "messages") from None
         params = sampling_params(body, len(ids), engine, chat.end_of_turn_ids(), default_max_tokens=None)
         echo_asked(body, chat=True)  # refused here
-        return await respond(request, body, ids, params, chat=True, echo=False)
+        await constrain_off_loop(structured, params)
+        return await respond(request, body, ids, params, chat=True, echo=False, tool_reply=structured.reply)
+
+    async def constrain_off_loop(structured: Structured, params: SamplingParams) -> None:
+        """Compile the answer's grammar, if it has one, in a thread of its own: a new schema takes seconds, and the
+        other requests' streams go on meanwhile (a schema seen before is cached)."""
+        if structured.constrained:
+            eos = engine.model.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
+            await asyncio.to_thread(constrain, structured, params, engine.tokenizer, eos)
 
     def token_name(token: int, as_id: bool) -> str:
         """A token as the logprobs fields spell it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""
@@ -223,6 +239,8 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
             message = {"content": text} if delta else {"role": "assistant", "content": text}
             if tool_reply is not None and finish is not None:  # the whole text: a tool call, or plain content
                 fields, tool_finish = tool_reply(text)
+                if delta and fields.get("tool_calls"):  # a stream numbers its calls
+                    fields["tool_calls"] = [{"index": k, **call} for k, call in enumerate(fields["tool_calls"])]
                 message.update(fields)
                 finish = tool_finish or finish
             out = {"index": index, "delta" if delta else "message": message, "logprobs": logprobs,

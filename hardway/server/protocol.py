@@ -52,7 +52,7 @@ def _number(body: dict, name: str, default, low=None, high=None, low_open=False,
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 # OpenAI fields this server does not compute -> the value that asks for nothing. Anything else is refused with a
 # 400 naming the field: a client that asks for something and gets none of it would be answered wrongly, silently.
-NOT_COMPUTED = {"best_of": 1, "suffix": "", "tools": [], "response_format": {"type": "text"}}
+NOT_COMPUTED = {"best_of": 1, "suffix": ""}
 MAX_N = 128          # the most choices one request may ask for (OpenAI's limit for `n`)
 PENALTY_LIMIT = 2.0  # presence_penalty and frequency_penalty: OpenAI's range is [-2, 2]
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for beside each token (OpenAI's chat limit, vLLM's default)
