@@ -9,7 +9,8 @@ from typing import Callable
 
 import torch
 
-from hardway.decode.sampling import SamplingConfig, sample_next_token, sampling_config
+from hardway.decode.constrained import grammar_processor
+from hardway.decode.sampling import LogitsProcessorList, SamplingConfig, sample_next_token, sampling_config
 from hardway.errors import check_int
 from hardway.loading import CausalLM, eos_token_list
 
@@ -102,8 +103,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
              eos_token_id=MODEL_EOS, generator: torch.Generator | None = None,
              on_token: Callable[[torch.Tensor], None] | None = None, attention_mask: torch.Tensor | None = None,
-             decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None
-             ) -> torch.Tensor:
+             decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None,
+             json_schema: dict | None = None, regex: str | None = None, tokenizer=None) -> torch.Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
     How the next token is picked: transformers' keywords `do_sample`, `temperature`, `top_k`, `top_p`,
@@ -119,6 +120,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     compiled one). `use_cache=False` re-runs the whole sequence every step instead (the naive loop, to compare).
     `eos_check_every`: steps between two host reads of "every row finished" (default: 1 on CPU or with on_token, 8
     otherwise); the steps run after the rows finished are cut, so the result does not depend on it.
+    `json_schema` (a dict) or `regex` (a str), with the `tokenizer` whose bytes the grammar is spelled in: every row's
+    output is a text the grammar allows, ended by EOS (lesson 25: the grammar's mask runs before the other processors).
     """
     # Every argument is checked before the model runs or a cache is allocated.
     max_new_tokens = check_prompt(model, input_ids, max_new_tokens)
@@ -142,6 +145,8 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     eos = stop_ids(model, eos_token_id)
     eos_ids = torch.tensor(eos, dtype=torch.long, device=input_ids.device)  # (n_eos,)
     processors = sampling.processors()
+    if json_schema is not None or regex is not None:  # the mask first: the ladder then sees only allowed tokens
+        processors = LogitsProcessorList([grammar_processor(B, T, tokenizer, eos, json_schema, regex), *processors])
 
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=input_ids.device)  # (B, T + new): all ids
     out[:, :T] = input_ids
