@@ -394,3 +394,29 @@ def test_bad_structured_requests_get_a_400_naming_the_field(live, fields, param,
 def test_tools_on_completions_are_refused(live):
     r = post(live, "/v1/completions", {"model": SMOLLM2, "prompt": PROMPT, "tools": TOOLS, "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_held_choices_wait_for_the_first_and_never_outlive_it(live):
+    """Choices 1..n-1 wait outside the scheduler until choice 0's prompt is computed; if choice 0 goes away first
+    (aborted), they are queued anyway and compute the prompt themselves; every block comes back."""
+    engine = PrefixCachingEngine(live.model, live.tok, n_blocks=64, block_size=BLOCK, max_batch=8)
+    ids = live.tok.encode(PROMPT * 2)
+    params = SamplingParams(max_tokens=3, temperature=0)
+    first = engine.add(ids, params)
+    others = [engine.add(ids, params, share_prompt_with=first.id) for _ in range(2)]
+    assert list(engine.waiting) == [first] and engine.held[first.id] == others
+    engine.step()  # choice 0's prompt: the others are queued now
+    assert list(engine.waiting) == others and not engine.held
+    while engine.has_work():
+        engine.step()
+    assert engine.scheduler.n_shared_tokens == 2 * ((len(ids) - 1) // BLOCK) * BLOCK
+    assert [s.output_ids for s in others] == [first.output_ids] * 2
+
+    first = engine.add(ids, params)
+    other = engine.add(ids, params, share_prompt_with=first.id)
+    engine.abort(first)
+    assert list(engine.waiting) == [other] and not engine.held
+    while engine.has_work():
+        engine.step()
+    assert other.finish_reason == "length"
+    assert engine.blocks.n_free == engine.blocks.n_blocks and all(n == 0 for n in engine.blocks.ref_counts)
