@@ -3,6 +3,8 @@
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
 
+import math
+
 import torch
 
 from hardway.decode.sampling import LogitsProcessor
@@ -14,17 +16,12 @@ def my_token_logprobs(scores, tokens):
     return logprobs.gather(-1, tokens[..., None]).squeeze(-1)  # (B, n): the chosen token's entry
 
 
-# Exercise 2: min-p, as transformers' MinPLogitsWarper.
-class MyMinP(LogitsProcessor):
-    def __init__(self, min_p):
-        self.min_p = min_p
-
-    def __call__(self, input_ids, scores):
-        probs = scores.softmax(dim=-1)  # (B, V)
-        threshold = self.min_p * probs.amax(dim=-1, keepdim=True)  # (B, 1)
-        remove = probs < threshold  # (B, V); the top token is never below min_p (<= 1) times itself
-        remove = remove.scatter(1, probs.argmax(dim=-1, keepdim=True), False)  # at least one token stays
-        return scores.masked_fill(remove, float("-inf"))  # (B, V)
+# Exercise 2: min-p in logit space. p_i >= min_p * p_max  <=>  exp(z_i / T) >= min_p * exp(z_max / T) (the softmax's
+# normalizer cancels)  <=>  z_i >= z_max + T * ln(min_p). Temperature first scales the cut: a higher T lowers it (ln(min_p)
+# < 0), so more tokens survive at the same min_p.
+def my_min_p_survivors(scores, min_p, temperature):
+    cutoff = scores.amax(dim=-1, keepdim=True) + temperature * math.log(min_p)  # (B, 1)
+    return (scores >= cutoff).sum(dim=-1).tolist()  # (B,) counts
 
 
 # Exercise 3: no repeated n-grams, as transformers' NoRepeatNGramLogitsProcessor.

@@ -2,12 +2,14 @@
 plausible wrong answers."""
 
 
+import math
+
 import pytest
 import torch
 
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hardway.exercises.lesson_07 import check_min_p, check_no_repeat_ngram, check_token_logprobs
+from hardway.exercises.lesson_07 import check_min_p_survivors, check_no_repeat_ngram, check_token_logprobs
 from hardway.decode.sampling import LogitsProcessor
 from exercise_solutions import load_solutions
 
@@ -41,43 +43,22 @@ def test_check_token_logprobs(solution):
         assert check_token_logprobs(wrong, reference, input_ids).startswith("wrong: greedy: at step"), wrong.__name__
 
 
-def test_check_min_p(solution):
-    assert check_min_p(None).startswith("not attempted yet")
-    assert check_min_p(solution.MyMinP).startswith("right")
+def test_check_min_p_survivors(solution):
+    assert check_min_p_survivors(None).startswith("not attempted yet")
+    assert check_min_p_survivors(solution.my_min_p_survivors).startswith("right")
 
-    class NotYet(LogitsProcessor):
-        def __init__(self, min_p):
-            raise NotImplementedError
+    def no_temperature(scores, min_p, temperature):  # forgets that temperature scales the logits before the cut
+        return solution.my_min_p_survivors(scores, min_p, 1.0)
 
-    class Absolute(solution.MyMinP):  # compares with min_p itself, not min_p times the top probability
-        def __call__(self, input_ids, scores):
-            probs = scores.softmax(dim=-1)
-            remove = (probs < self.min_p).scatter(1, probs.argmax(dim=-1, keepdim=True), False)
-            return scores.masked_fill(remove, float("-inf"))
+    def divided(scores, min_p, temperature):  # divides ln(min_p) by T: the cut moves the wrong way with temperature
+        cutoff = scores.amax(dim=-1, keepdim=True) + math.log(min_p) / temperature
+        return (scores >= cutoff).sum(dim=-1).tolist()
 
-    class LessOrEqual(solution.MyMinP):  # <= drops the tokens tied with the top one (all but one of them)
-        def __call__(self, input_ids, scores):
-            probs = scores.softmax(dim=-1)
-            remove = probs <= self.min_p * probs.amax(dim=-1, keepdim=True)
-            remove = remove.scatter(1, probs.argmax(dim=-1, keepdim=True), False)
-            return scores.masked_fill(remove, float("-inf"))
+    def absolute(scores, min_p, temperature):  # min_p as a probability floor, not a fraction of the top token's
+        return ((scores / temperature).softmax(dim=-1) >= min_p).sum(dim=-1).tolist()
 
-    class ZeroNotInf(solution.MyMinP):  # "removes" a token with score 0: it can still be drawn
-        def __call__(self, input_ids, scores):
-            out = super().__call__(input_ids, scores)
-            return out.masked_fill(torch.isinf(out), 0.0)
-
-    class InPlace(solution.MyMinP):
-        def __call__(self, input_ids, scores):
-            scores.copy_(super().__call__(input_ids, scores))
-            return scores
-
-    assert check_min_p(NotYet).startswith("not attempted yet")
-    assert check_min_p(Absolute).startswith("wrong: with min_p=0.01")
-    verdict = check_min_p(LessOrEqual)
-    assert verdict.startswith("wrong: with min_p=") and "row 3" in verdict
-    assert check_min_p(ZeroNotInf).startswith("wrong:")
-    assert "in place" in check_min_p(InPlace)
+    for wrong in (no_temperature, divided, absolute):
+        assert check_min_p_survivors(wrong).startswith("wrong: min_p="), wrong.__name__
 
 
 def test_check_no_repeat_ngram(solution):

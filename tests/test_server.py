@@ -239,7 +239,7 @@ BAD = [  # (path, body, status, param, words the message must contain)
     ("/v1/completions", {"model": SMOLLM2, "prompt": "Hi", "temperature": -0.5}, 400, "temperature", "[0, 2]"),
     ("/v1/completions", {"model": SMOLLM2, "prompt": "Hi", "top_p": 0}, 400, "top_p", "(0, 1]"),
     ("/v1/completions", {"model": SMOLLM2, "prompt": "Hi", "top_p": 1.5}, 400, "top_p", "(0, 1]"),
-    ("/v1/completions", {"model": SMOLLM2, "prompt": "Hi", "n": 2}, 400, "n", "only n=1"),
+    ("/v1/completions", {"model": SMOLLM2, "prompt": "Hi", "n": 0}, 400, "n", "'n' must be in [1, 128]"),
     ("/v1/completions", {"model": SMOLLM2, "prompt": "x" * (2 << 20)}, 413, None, "limit"),
 ]
 

@@ -150,7 +150,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
                          f"positions; this call needs batch {B} x {T + max_new_tokens}")
     eos = stop_ids(model, eos_token_id)
     eos_ids = torch.tensor(eos, dtype=torch.long, device=input_ids.device)  # (n_eos,)
-    processors = sampling.processors()
+    processors = sampling.processors(prompt_length=T)  # presence/frequency penalties count the new tokens only
     if json_schema is not None or regex is not None:  # the mask first: the ladder then sees only allowed tokens
         processors = LogitsProcessorList([grammar_processor(B, T, tokenizer, eos, json_schema, regex), *processors])
 

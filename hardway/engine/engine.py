@@ -82,12 +82,16 @@ class Engine:
         """The most positions one sequence can ever hold here: the model's context, or the whole pool if smaller."""
         return min(self.model.max_seq_len, self.blocks.n_blocks * self.blocks.block_size)
 
-    def add(self, prompt_ids: list[int], params: SamplingParams, checked: bool = False) -> Sequence:
+    def add(self, prompt_ids: list[int], params: SamplingParams, checked: bool = False,
+            share_prompt_with: int | None = None) -> Sequence:
         """Queue a request -> its Sequence, whose id is the request_id of its RequestOutputs. A server checks each
         request where it reads it, and says so (checked=True): nothing is checked twice. Called directly, the
         engine refuses here what it could never compute: an empty prompt or a token id outside the vocabulary
         (ValueError: a bad id would otherwise fail a forward pass other sequences share), and a prompt +
-        max_tokens longer than one sequence can hold (PoolTooSmallError)."""
+        max_tokens longer than one sequence can hold (PoolTooSmallError). `share_prompt_with`: the id of a
+        sequence with the same prompt (another of a request's n choices); an engine with a prefix cache (lesson
+        15) lets this one wait until that one's prompt is computed, so that it finds the prompt's blocks cached.
+        This engine shares nothing, and queues it at once."""
         if not checked:
             if not prompt_ids:
                 raise ValueError("the prompt has no tokens")
@@ -105,8 +109,12 @@ class Engine:
         if params.temperature > 0 and params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         self.seqs[seq.id] = seq
-        self.scheduler.add(seq)
+        self.queue(seq, share_prompt_with)
         return seq
+
+    def queue(self, seq: Sequence, share_prompt_with: int | None = None) -> None:
+        """Hand a new sequence to the scheduler (lesson 15's engine may hold it back first)."""
+        self.scheduler.add(seq)
 
     def abort(self, request: Sequence | int) -> None:
         """Drop a request wherever it is (its client went away): its blocks go back to the pool at once. `request`:
@@ -212,9 +220,42 @@ class Engine:
 
 
 class PrefixCachingEngine(Engine):
-    """Lesson 14's engine with the prefix-caching block manager in its scheduler."""
+    """Lesson 14's engine with the prefix-caching block manager in its scheduler. A request's n choices share their
+    prompt's full blocks: choices 1..n-1 (added with `share_prompt_with` = choice 0's id) wait, held here, until
+    choice 0's prompt is computed, and are admitted on the next step, which finds those blocks cached."""
 
     def __init__(self, model, tokenizer, n_blocks: int = 256, block_size: int = 16, **kwargs):
         super().__init__(model, tokenizer, n_blocks=n_blocks, block_size=block_size, **kwargs)
         if self.scheduler.sliding_blocks is None:  # a model with sliding layers caches no prefix (section 5)
             self.scheduler.blocks = PrefixCachingBlockManager(n_blocks, block_size)  # before any request: holds nothing
+        self.held: dict[int, list[Sequence]] = {}  # a sequence's id -> those waiting for its prompt's blocks
+
+    def queue(self, seq: Sequence, share_prompt_with: int | None = None) -> None:
+        first = self.seqs.get(share_prompt_with) if share_prompt_with is not None else None
+        full_blocks = (len(seq.prompt_ids) - 1) // self.blocks.block_size  # what match_prefix could ever find
+        if (first is None or not self.blocks.caches_prefixes or full_blocks == 0 or first.prompt_ids != seq.prompt_ids
+                or first.n_cached >= len(first.prompt_ids)):  # nothing to share, or its blocks are cached already
+            self.scheduler.add(seq)
+        else:
+            self.held.setdefault(first.id, []).append(seq)
+
+    def release_held(self, seq: Sequence) -> None:
+        """Queue the sequences waiting for seq's prompt (computed, or never to be: seq finished or left)."""
+        for waiting in self.held.pop(seq.id, ()):
+            if waiting.id in self.seqs:  # not aborted meanwhile
+                self.scheduler.add(waiting)
+
+    def postprocess(self, seq: Sequence, n_new: int, result) -> RequestOutput | None:
+        out = super().postprocess(seq, n_new, result)
+        if seq.id in self.held and (seq.n_cached >= len(seq.prompt_ids) or seq.finish_reason is not None):
+            self.release_held(seq)  # the next step's schedule() keys its blocks before it admits anyone
+        return out
+
+    def abort(self, request: Sequence | int) -> None:
+        seq = self.seqs.get(request if isinstance(request, int) else request.id)
+        super().abort(request)
+        if seq is not None:
+            self.release_held(seq)
+
+    def has_work(self) -> bool:
+        return super().has_work() or bool(self.held)

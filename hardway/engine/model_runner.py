@@ -168,13 +168,17 @@ class ModelRunner:
         return logits[last_rows, -1]  # (B, V)
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """logits (B, V) -> each sequence's next token, as generate() picks it: every greedy row by one argmax, a
-        sampled row with its own settings and generator; one transfer to Python at the end."""
+        """logits (B, V) -> each sequence's next token, as generate() picks it: every plain greedy row by one argmax;
+        a row that samples, or whose penalties, bias or constraint change even the greedy pick, through its own chain
+        (built once per sequence: a constraint's state lives in it) and its own generator; one transfer to Python at
+        the end."""
         tokens = logits.argmax(dim=-1)  # (B,)
         for i, seq in enumerate(seqs):
-            sampling = seq.params.sampling  # lesson 07's settings for this request
-            if sampling.do_sample:
-                scores = sampling.processors()(torch.tensor([seq.tokens], device=self.device),
-                                               logits[i:i + 1].float())  # (1, V)
-                tokens[i] = sample_next_token(scores, True, seq.generator)[0]
+            if seq.processors is None:
+                seq.processors = seq.params.processors(len(seq.prompt_ids))
+            do_sample = seq.params.temperature > 0
+            if do_sample or seq.processors:
+                scores = seq.processors(torch.tensor([seq.tokens], device=self.device),
+                                        logits[i:i + 1].float())  # (1, V)
+                tokens[i] = sample_next_token(scores, do_sample, seq.generator)[0]
         return tokens.tolist()

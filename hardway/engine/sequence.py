@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hardway.decode.sampling import SamplingConfig
+from hardway.decode.sampling import LogitsProcessorList, SamplingConfig
 from hardway.engine.logprobs import TokenLogprobs
 from hardway.text.detokenizer import Detokenizer
 
@@ -27,11 +27,24 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None        # None = the model's EOS ids
     logprobs: int | None = None    # None: no log-probabilities; k: each new token's, and the k most likely beside it
     prompt_logprobs: int | None = None  # None, or k: each prompt token's too (`echo`), and the k most likely there
+    min_p: float = 0.0             # lesson 07's processors, as OpenAI (and vLLM) name them: 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None     # {token id: bias in [-100, 100]}
+    constraints: tuple = ()        # per-sequence processors that keep state (a grammar's): each prompt_length -> one
 
     @property
     def sampling(self) -> SamplingConfig:
         """This request's settings as generate() takes them (temperature 0 is greedy, as in the API)."""
-        return SamplingConfig.from_temperature(self.temperature, top_p=self.top_p)
+        return SamplingConfig.from_temperature(self.temperature, top_p=self.top_p, min_p=self.min_p or None,
+                                               presence_penalty=self.presence_penalty,
+                                               frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias)
+
+    def processors(self, prompt_length: int) -> LogitsProcessorList:
+        """One sequence's chain: its constraints first (they say which tokens may come at all, so that top-p and
+        min-p choose among those), then lesson 07's. Empty for plain greedy decoding: the argmax alone."""
+        return LogitsProcessorList([make(prompt_length) for make in self.constraints] +
+                                   self.sampling.processors(prompt_length))
 
 
 _seq_ids = itertools.count()  # in order of arrival: a smaller id arrived earlier
@@ -67,6 +80,7 @@ class Sequence:
                                       # the next two: what a server's metrics measure, section 10)
     scheduled_time: float | None = None  # when first scheduled: its wait in the queue ends (a preemption keeps it)
     token_times: list[float] = field(default_factory=list)  # when each token was picked (an EOS too)
+    processors: LogitsProcessorList | None = None  # the runner's: params.processors(), built at its first token
 
     @property
     def tokens(self) -> list[int]:

@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,6 +24,7 @@ from hardway.server.protocol import (
     MAX_BODY_BYTES,
     _reject_json_constant,
     check_text,
+    choices_asked,
     echo_asked,
     error_body,
     error_response,
@@ -30,6 +32,7 @@ from hardway.server.protocol import (
     sampling_params,
 )
 from hardway.server.metrics import CONTENT_TYPE, ServerMetrics
+from hardway.server.tools import Structured, constrain, structured_asked
 from hardway.server.worker import DISCONNECTED, Ended, EngineThread, Pending, next_event
 from hardway.text.chat import ChatTemplate, ChatTemplateError
 
@@ -123,10 +126,12 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         body = await read_json(request, worker, body_timeout_s)
         check_model(body)
         ids = prompt_ids(body.get("prompt"), engine)
+        structured = structured_asked(body, chat=False)
         params = sampling_params(body, len(ids), engine, None, default_max_tokens=16)  # OpenAI's default: 16
         echo = echo_asked(body, chat=False)
         if echo:  # the prompt's log-probabilities too: the engine computes them, as it computes the answer's
             params.prompt_logprobs = params.logprobs
+        await constrain_off_loop(structured, params)
         return await respond(request, body, ids, params, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
@@ -137,13 +142,26 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
             raise APIError(400, f"'{model_name}' has no chat template: use /v1/completions", "messages")
         if "messages" not in body:
             raise APIError(400, "'messages' is required: a list of {role, content}", "messages")
+        structured = structured_asked(body, chat=True)
         try:
-            ids = chat.encode(body["messages"], add_generation_prompt=True)
+            ids = chat.encode(body["messages"], add_generation_prompt=True, tools=structured.tools)
+            if structured.tools and ids == chat.encode(body["messages"], add_generation_prompt=True):
+                raise APIError(400, f"the chat template of '{model_name}' does not write tools into the prompt, so the "
+                                    f"model cannot choose to call one ('tool_choice': \"auto\"): ask for a call "
+                                    f"('tool_choice': \"required\" or a named function), or leave 'tools' out", "tools")
         except ChatTemplateError as e:
             raise APIError(400, f"'messages': {e}", "messages") from None
         params = sampling_params(body, len(ids), engine, chat.end_of_turn_ids(), default_max_tokens=None)
         echo_asked(body, chat=True)  # refused here
-        return await respond(request, body, ids, params, chat=True, echo=False)
+        await constrain_off_loop(structured, params)
+        return await respond(request, body, ids, params, chat=True, echo=False, tool_reply=structured.reply)
+
+    async def constrain_off_loop(structured: Structured, params: SamplingParams) -> None:
+        """Compile the answer's grammar, if it has one, in a thread of its own: a new schema takes seconds, and the
+        other requests' streams go on meanwhile (a schema seen before is cached)."""
+        if structured.constrained:
+            eos = engine.model.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
+            await asyncio.to_thread(constrain, structured, params, engine.tokenizer, eos)
 
     def token_name(token: int, as_id: bool) -> str:
         """A token as the logprobs fields spell it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""
@@ -172,25 +190,42 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
                             for e in entries]}
 
-    async def respond(request: Request, body: dict, ids: list[int], params: SamplingParams, chat: bool, echo: bool):
+    async def respond(request: Request, body: dict, ids: list[int], params: SamplingParams, chat: bool, echo: bool,
+                      tool_reply=None):
+        """Answer a request: `n` choices of the same prompt (each its own sequence, choice i seeded seed + i, as
+        vLLM seeds them), as one JSON answer or a stream of chunks, each chunk one choice's (its `index`).
+        `tool_reply` (chat with tools): a choice's whole text -> (its message fields, its finish_reason or None);
+        such an answer is streamed in one piece, at its end, since a tool call's text is parsed whole."""
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise APIError(400, "'stream' must be true or false", "stream")
+        n = choices_asked(body)
         options = body.get("stream_options") or {}
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
         as_id = body.get("return_tokens_as_token_ids") is True  # vLLM's: tokens spelled "token_id:N"
         with_ids = body.get("return_token_ids") is True         # vLLM's: prompt_token_ids and token_ids
-        pending = Pending(ids, params, asyncio.get_running_loop())
-        worker.submit(pending)  # 503 once the server is shutting down
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()  # one queue for the n choices' outputs
+        pendings = []
+        for i in range(n):  # in order: choice 0 reaches the engine first, and the others share its prompt's blocks
+            seeded = params if i == 0 or params.seed is None else replace(params, seed=params.seed + i)
+            pendings.append(Pending(ids, seeded, loop, events, share_prompt_with=pendings[0] if i else None))
+            worker.submit(pendings[-1])  # 503 once the server is shutting down
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         prompt_text = engine.tokenizer.decode(ids) if echo else ""
-        first = [True]  # a stream sends the prompt's ids in its first chunk only
-        n_tokens = [0]  # answer tokens so far: the usage
+        ids_sent = set()  # the choices whose prompt ids went out already (a stream sends them in its first chunk)
+        n_tokens = [0]    # answer tokens so far, all choices together: the usage
 
-        def choice(text: str, finish: str | None, delta: bool, outs: list[RequestOutput] = ()) -> dict:
-            """One choice from the engine's RequestOutputs `outs` (a stream's one, or all of a whole answer): their
+        def index_of(out: RequestOutput) -> int:
+            return next(i for i, p in enumerate(pendings) if p.request_id == out.request_id)
+
+        def cancel_all() -> None:
+            for p in pendings:
+                worker.cancel(p)  # a finished one is left as it is
+
+        def choice(index: int, text: str, finish: str | None, delta: bool, outs: list[RequestOutput] = ()) -> dict:
+            """Choice `index` from the engine's RequestOutputs `outs` (a stream's one, or all of a whole answer): their
             text is `text`, and their tokens and log-probabilities are the ones that spell it."""
             new = [t for out in outs for t in out.token_ids]
             logprobs = None
@@ -203,13 +238,20 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                     pairs = list(zip(ids, prompt)) if echo else []
                     logprobs = completion_logprobs(pairs + [(e.token, e) for e in entries], as_id)
             if not chat:
-                out = {"index": 0, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish}
+                out = {"index": index, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish}
                 if with_ids:
-                    out.update(prompt_token_ids=ids if first[0] else None, token_ids=new)
-                    first[0] = False
+                    out.update(prompt_token_ids=None if index in ids_sent else ids, token_ids=new)
+                    ids_sent.add(index)
                 return out
-            key, message = ("delta", {"content": text}) if delta else ("message", {"role": "assistant", "content": text})
-            out = {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish}
+            message = {"content": text} if delta else {"role": "assistant", "content": text}
+            if tool_reply is not None and finish is not None:  # the whole text: a tool call, or plain content
+                fields, tool_finish = tool_reply(text)
+                if delta and fields.get("tool_calls"):  # a stream numbers its calls
+                    fields["tool_calls"] = [{"index": k, **call} for k, call in enumerate(fields["tool_calls"])]
+                message.update(fields)
+                finish = tool_finish or finish
+            out = {"index": index, "delta" if delta else "message": message, "logprobs": logprobs,
+                   "finish_reason": finish}
             if with_ids:
                 out["token_ids"] = new
             return out
@@ -218,39 +260,45 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
             return {"prompt_tokens": len(ids), "completion_tokens": n_tokens[0], "total_tokens": len(ids) + n_tokens[0]}
 
         if not stream:
-            outs = []
-            while True:
-                out = await next_event(request, pending, worker)
+            outs: list[list[RequestOutput]] = [[] for _ in range(n)]
+            n_finished = 0
+            while n_finished < n:
+                out = await next_event(request, pendings[0], worker)
                 if out is DISCONNECTED:
-                    worker.cancel(pending)
+                    cancel_all()
                     return error_response(499, "the client closed the request")
                 if isinstance(out, Ended):
+                    cancel_all()
                     return error_response(out.status, out.message)
-                outs.append(out)
+                outs[index_of(out)].append(out)
                 n_tokens[0] += len(out.token_ids)
-                if out.finished:
-                    text = "".join(o.text for o in outs)
-                    answer = {"id": rid, "object": kind, "created": created, "model": model_name,
-                              "choices": [choice(text, out.finish_reason, False, outs)], "usage": usage()}
-                    if chat and with_ids:
-                        answer["prompt_token_ids"] = ids  # vLLM puts the chat prompt's ids beside the choices
-                    return answer
+                n_finished += out.finished
+            choices = [choice(i, "".join(o.text for o in mine), mine[-1].finish_reason, False, mine)
+                       for i, mine in enumerate(outs)]
+            answer = {"id": rid, "object": kind, "created": created, "model": model_name, "choices": choices,
+                      "usage": usage()}
+            if chat and with_ids:
+                answer["prompt_token_ids"] = ids  # vLLM puts the chat prompt's ids beside the choices
+            return answer
 
         chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
         def sse(payload: dict) -> str:
             return f"data: {json.dumps(payload)}\n\n"
 
-        async def events():
+        async def events_out():
             done = False
+            held: list[list[RequestOutput]] = [[] for _ in range(n)]  # with tools: each choice's outputs, till its end
             try:
                 head = {"id": rid, "object": chunk_kind, "created": created, "model": model_name}
-                if chat:  # the first chunk says who speaks, as OpenAI's does
-                    first = choice("", None, delta=True)
-                    first["delta"]["role"] = "assistant"
-                    yield sse({**head, "choices": [first]})
+                if chat:  # each choice's first chunk says who speaks, as OpenAI's does
+                    for i in range(n):
+                        first = choice(i, "", None, delta=True)
+                        first["delta"]["role"] = "assistant"
+                        yield sse({**head, "choices": [first]})
+                n_finished = 0
                 while True:
-                    out = await next_event(request, pending, worker)
+                    out = await next_event(request, pendings[0], worker)
                     if out is DISCONNECTED:
                         return  # `finally` cancels the request
                     if isinstance(out, Ended):  # the status line went out long ago: the error is an event
@@ -259,18 +307,25 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
                         yield "data: [DONE]\n\n"
                         return
                     n_tokens[0] += len(out.token_ids)
-                    if out.text or out.token_ids or out.finished:  # one chunk per output: its text, its tokens
-                        yield sse({**head, "choices": [choice(out.text, out.finish_reason, True, [out])]})
-                    if out.finished:
+                    i = index_of(out)
+                    if tool_reply is not None:  # a tool call is parsed whole: its choice goes out at its end
+                        held[i].append(out)
+                        if out.finished:
+                            text = "".join(o.text for o in held[i])
+                            yield sse({**head, "choices": [choice(i, text, out.finish_reason, True, held[i])]})
+                    elif out.text or out.token_ids or out.finished:  # one chunk per output: its text, its tokens
+                        yield sse({**head, "choices": [choice(i, out.text, out.finish_reason, True, [out])]})
+                    n_finished += out.finished
+                    if n_finished == n:
                         done = True
                         if include_usage:
                             yield sse({**head, "choices": [], "usage": usage()})
                         yield "data: [DONE]\n\n"
                         return
             finally:
-                if not done:  # the client went away mid-stream: free its blocks now
-                    worker.cancel(pending)
+                if not done:  # the client went away mid-stream, or one choice failed: free every choice's blocks now
+                    cancel_all()
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events_out(), media_type="text/event-stream")
 
     return app

@@ -9,6 +9,7 @@ import math
 
 from fastapi.responses import JSONResponse
 
+from hardway.decode.sampling import LOGIT_BIAS_LIMIT
 from hardway.engine.engine import Engine
 from hardway.engine.sequence import SamplingParams
 
@@ -50,9 +51,10 @@ def _number(body: dict, name: str, default, low=None, high=None, low_open=False,
 
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 # OpenAI fields this server does not compute -> the value that asks for nothing. Anything else is refused with a
-# 400 naming the field: a client that asks for a penalty and gets none would be answered wrongly, silently.
-NOT_COMPUTED = {"best_of": 1, "suffix": "", "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0,
-                "tools": [], "response_format": {"type": "text"}}
+# 400 naming the field: a client that asks for something and gets none of it would be answered wrongly, silently.
+NOT_COMPUTED = {"best_of": 1, "suffix": ""}
+MAX_N = 128          # the most choices one request may ask for (OpenAI's limit for `n`)
+PENALTY_LIMIT = 2.0  # presence_penalty and frequency_penalty: OpenAI's range is [-2, 2]
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for beside each token (OpenAI's chat limit, vLLM's default)
 
 
@@ -96,12 +98,53 @@ def refuse_unsupported(body: dict) -> None:
                                 f"out", name, "unsupported_parameter")
 
 
+def choices_asked(body: dict) -> int:
+    """`n`: how many choices (completions of the same prompt) the request wants, 1 to MAX_N."""
+    return _number(body, "n", 1, low=1, high=MAX_N, integer=True)
+
+
+def token_ids_field(body: dict, name: str, engine: Engine) -> list[int] | None:
+    """A field that lists token ids (`stop_token_ids`, vLLM's), each inside the vocabulary; None when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise APIError(400, f"'{name}' must be a list of token ids (integers), got {json.dumps(value)[:40]}", name)
+    bad = next((t for t in value if not 0 <= t < engine.vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"'{name}' holds the token id {bad}, outside this model's vocabulary (0 to "
+                            f"{engine.vocab_size - 1})", name)
+    return value
+
+
+def logit_bias_asked(body: dict, engine: Engine) -> dict[int, float] | None:
+    """`logit_bias`: {"token id": bias} (JSON keys are strings), each id inside the vocabulary, each bias a number in
+    [-100, 100] as OpenAI takes them; None when absent or empty."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise APIError(400, f"'logit_bias' must be an object {{\"token id\": bias}}, got {json.dumps(bias)[:40]}",
+                       "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()) or int(key) >= engine.vocab_size:
+            raise APIError(400, f"'logit_bias' key {key[:20]!r} is not a token id of this model's vocabulary (0 to "
+                                f"{engine.vocab_size - 1})", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or abs(value) > LOGIT_BIAS_LIMIT:
+            raise APIError(400, f"'logit_bias' of token {key} must be a number in [-100, 100], got "
+                                f"{json.dumps(value)[:40]}", "logit_bias")
+        out[int(key)] = float(value)
+    return out or None
+
+
 def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int] | None,
                     default_max_tokens: int | None) -> SamplingParams:
-    """The request's sampling fields, checked against OpenAI's ranges and this engine's room."""
+    """The request's sampling fields, checked against OpenAI's ranges and this engine's room. `eos_ids`: where the
+    answer ends (a chat template's end of turn; None: the model's end-of-sequence ids); vLLM's `stop_token_ids`
+    adds to them."""
     refuse_unsupported(body)
-    if _number(body, "n", 1, integer=True) != 1:
-        raise APIError(400, "only n=1 is supported: send several requests for several completions", "n")
     capacity = engine.capacity()
     if n_prompt >= capacity:
         raise APIError(400, f"the prompt has {n_prompt} tokens; this server holds at most {capacity} positions per "
@@ -122,8 +165,16 @@ def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int
     stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
         raise APIError(400, "'stop' must be a non-empty string or a list of up to 4 of them", "stop")
+    min_p = _number(body, "min_p", 0.0, low=0, high=1)  # vLLM's field
+    presence, frequency = (_number(body, name, 0.0, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
+                           for name in ("presence_penalty", "frequency_penalty"))
+    stop_ids = token_ids_field(body, "stop_token_ids", engine)
+    if stop_ids:  # as vLLM: these end the answer too, beside the end of turn or the model's end-of-sequence ids
+        eos_ids = list(dict.fromkeys((engine.model.eos_token_ids if eos_ids is None else eos_ids) + stop_ids))
     return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), seed=seed,
-                          stop=stop, stop_token_ids=eos_ids, logprobs=logprobs_asked(body, chat="messages" in body))
+                          stop=stop, stop_token_ids=eos_ids, logprobs=logprobs_asked(body, chat="messages" in body),
+                          min_p=float(min_p), presence_penalty=float(presence), frequency_penalty=float(frequency),
+                          logit_bias=logit_bias_asked(body, engine))
 
 
 def prompt_ids(prompt, engine: Engine) -> list[int]:

@@ -40,6 +40,7 @@ class Pending:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutputs, then an Ended if it did not finish
     request_id: int | None = None  # the engine's id for it, once the engine thread has added it
     disconnect_checked: float = 0.0  # when next_event last asked whether the client is still there (monotonic s)
+    share_prompt_with: Pending | None = None  # choice 0 of the same request, for choices 1..n-1 (n > 1)
 
 
 def put_each(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
@@ -137,7 +138,9 @@ class EngineThread:
             block = False
             if kind == "add":
                 try:  # the handler checked it (sampling_params, prompt_ids): the engine does not check it again
-                    request.request_id = self.engine.add(request.prompt_ids, request.params, checked=True).id
+                    first = request.share_prompt_with  # added before this one: the inbox keeps their order
+                    request.request_id = self.engine.add(request.prompt_ids, request.params, checked=True,
+                                                         share_prompt_with=first and first.request_id).id
                 except Exception as e:  # noqa: BLE001 - not the client's fault, and this request's alone
                     log.error("the engine could not take a request: %s: %s", type(e).__name__, e)
                     self._deliver(request, Ended(500, f"the engine could not take this request: {type(e).__name__}: {e}"))

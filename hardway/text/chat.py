@@ -156,6 +156,8 @@ def check_messages(messages) -> list[dict]:
             problem = "has no 'role'" if role is None else f"has the unknown role {role!r}"
             raise ChatTemplateError(f"message {i} {problem}: expected one of {', '.join(ROLES)}")
         content = message.get("content")
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            content = ""  # an assistant turn that only called tools (OpenAI sends its content as null)
         if content is None:
             raise ChatTemplateError(f"message {i} ({role}) has no 'content'")
         if not isinstance(content, str):
@@ -185,23 +187,27 @@ class ChatTemplate:
         folder = Path(folder)
         return cls(read_chat_template(folder), read_special_tokens(folder), load_tokenizer(folder))
 
-    def render(self, messages, add_generation_prompt: bool = False, **variables) -> str:
-        """The conversation as the model's training text; `variables` reach the template (e.g. date_string)."""
+    def render(self, messages, add_generation_prompt: bool = False, tools: list[dict] | None = None,
+               **variables) -> str:
+        """The conversation as the model's training text; `variables` reach the template (e.g. date_string).
+        `tools`: OpenAI-style function descriptions ({"type": "function", "function": {...}}), which a template that
+        supports tools writes into the prompt (transformers' `apply_chat_template(tools=...)`); others ignore them."""
         messages = check_messages(messages)
         context = {**self.special_tokens, **variables}  # extra variables override special tokens, as in transformers
         try:
-            return self.template.render(messages=messages, tools=None, documents=None,
+            return self.template.render(messages=messages, tools=tools or None, documents=None,
                                         add_generation_prompt=add_generation_prompt, **context)
         except _TemplateRaised as e:
             raise ChatTemplateError(f"the chat template refused the conversation: {e.message}") from None
         except Exception as e:  # an error inside the template's own code: name it, no traceback into Jinja
             raise ChatTemplateError(f"the chat template failed on this conversation: {type(e).__name__}: {e}") from None
 
-    def encode(self, messages, add_generation_prompt: bool = False, **variables) -> list[int]:
+    def encode(self, messages, add_generation_prompt: bool = False, tools: list[dict] | None = None,
+               **variables) -> list[int]:
         """render(), then token ids. The template writes every special token itself, so none is added here."""
         if self.tokenizer is None:
             raise ChatTemplateError("this ChatTemplate has no tokenizer: build it with ChatTemplate.from_folder")
-        return self.tokenizer.encode(self.render(messages, add_generation_prompt, **variables),
+        return self.tokenizer.encode(self.render(messages, add_generation_prompt, tools, **variables),
                                      add_special_tokens=False)
 
     def end_of_turn_ids(self) -> list[int]:
