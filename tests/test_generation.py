@@ -95,6 +95,23 @@ def test_seeded_sampling_is_reproducible_and_equals_transformers_with_the_same_g
     assert torch.equal(ours_global, theirs)
 
 
+def test_min_p_keyword_samples_as_transformers_min_p(ours, reference):
+    """min_p is a generate keyword in transformers too: the same global seed, the same tokens; and it matters here."""
+    ids = prompt()
+    settings = dict(do_sample=True, temperature=1.5, top_k=0, min_p=0.2)
+    torch.manual_seed(7)
+    ours_min_p = generate(ours, ids, 12, eos_token_id=None, **settings)
+    torch.manual_seed(7)
+    theirs = hf_generate(reference, ids, max_new_tokens=12, eos_token_id=None, **settings)
+    assert torch.equal(ours_min_p, theirs)
+    torch.manual_seed(7)
+    without = generate(ours, ids, 12, eos_token_id=None, do_sample=True, temperature=1.5, top_k=0)
+    assert not torch.equal(ours_min_p, without), "min_p changed nothing: the comparison would be vacuous"
+    assert generate(ours, ids, 12, SamplingConfig(True, 1.5, 0, min_p=0.2), generator=torch.Generator().manual_seed(3),
+                    eos_token_id=None).tolist() == \
+        generate(ours, ids, 12, generator=torch.Generator().manual_seed(3), eos_token_id=None, **settings).tolist()
+
+
 def test_repetition_penalty_applies_in_greedy_mode_like_transformers(ours, reference, greedy50):
     ids = prompt()
     a = generate(ours, ids, 12, SamplingConfig(repetition_penalty=1.5), eos_token_id=None)

@@ -275,6 +275,20 @@ def test_model_output_under_a_schema_and_a_regex_is_valid(smollm2, tokenizer):
     assert out[-1] == EOS and re.fullmatch(r"[0-9]{4}", tokenizer.decode(out[:-1]))
 
 
+def test_the_package_generate_passes_the_grammar_on(smollm2, tokenizer):
+    """`hardway.generate` (lesson 12's fast_generate) passes json_schema, regex and tokenizer on to lesson 08's loop
+    (the compiled step changes only the decoder it passes, so eager=True keeps this test from compiling)."""
+    import hardway
+
+    ids = chat(tokenizer, "What year did the Berlin wall fall?")
+    eager = hardway.generate(smollm2, ids, 8, regex=r"[0-9]{4}", tokenizer=tokenizer, eager=True)
+    assert eager.tolist() == generate(smollm2, ids, 8, regex=r"[0-9]{4}", tokenizer=tokenizer).tolist()
+    answer = eager[0, ids.shape[1]:].tolist()
+    assert answer[-1] == EOS and re.fullmatch(r"[0-9]{4}", tokenizer.decode(answer[:-1]))
+    with pytest.raises(ValueError, match="tokenizer"):
+        hardway.generate(smollm2, ids, 8, json_schema=PERSON, eager=True)
+
+
 # ---------------------------------------------------------------- what is not supported, said where
 
 

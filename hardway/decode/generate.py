@@ -102,7 +102,7 @@ class Decoder:
 def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
              sampling: SamplingConfig | None = None, *, do_sample: bool | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
-             eos_token_id=MODEL_EOS, generator: torch.Generator | None = None,
+             min_p: float | None = None, eos_token_id=MODEL_EOS, generator: torch.Generator | None = None,
              on_token: Callable[[torch.Tensor], None] | None = None, attention_mask: torch.Tensor | None = None,
              decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None,
              kv_cache_dtype: str | None = None, json_schema: dict | None = None, regex: str | None = None,
@@ -110,7 +110,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; return (B, T + n_new), prompt included.
 
     How the next token is picked: transformers' keywords `do_sample`, `temperature`, `top_k`, `top_p`,
-    `repetition_penalty`, meaning what they mean there, or `sampling`, a SamplingConfig (lesson 07); not both
+    `repetition_penalty`, `min_p`, meaning what they mean there, or `sampling`, a SamplingConfig (lesson 07); not both
     (sampling_config); default greedy. `prefill`, then `decode_one_token` once per new token. Each step follows
     transformers' generate: the last position's logits, cast to fp32, go through the processors, then argmax or a
     draw (`generator`: a seeded torch.Generator, or None for torch's global one). A row stops after it emits an EOS
@@ -133,7 +133,7 @@ def generate(model: CausalLM, input_ids: torch.Tensor, max_new_tokens: int = 50,
                          "pass instead (Decoder(model, B, max_len, kv_cache_dtype))")
     B, T = input_ids.shape
     sampling = sampling_config(sampling, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                               repetition_penalty=repetition_penalty)
+                               repetition_penalty=repetition_penalty, min_p=min_p)
     if sampling.do_sample and generator is not None and generator.device != input_ids.device:
         raise ValueError(f"the generator is on {generator.device}, the token ids on {input_ids.device}: "
                          f"make it with torch.Generator(device={str(input_ids.device)!r})")

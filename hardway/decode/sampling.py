@@ -262,15 +262,17 @@ TRANSFORMERS_TOP_K = 50  # transformers' generate samples among this many most l
 
 def sampling_config(sampling: SamplingConfig | None = None, *, do_sample: bool | None = None,
                     temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                    repetition_penalty: float | None = None) -> SamplingConfig:
+                    repetition_penalty: float | None = None, min_p: float | None = None) -> SamplingConfig:
     """The SamplingConfig of a call that takes `sampling` or transformers' generate keywords, never both (a ValueError
     that names both); neither is GREEDY.
 
-    The keywords mean what they mean in transformers' `generate`: greedy unless do_sample=True (a temperature, top_k
-    or top_p given to greedy decoding is checked, then unused); when sampling, top_k left unset (None) is
-    transformers' default of 50, and top_k=0 the whole vocabulary. Unset temperature is 1.0."""
+    The keywords mean what they mean in transformers' `generate`: greedy unless do_sample=True (a temperature, top_k,
+    top_p or min_p given to greedy decoding is checked, then unused); when sampling, top_k left unset (None) is
+    transformers' default of 50, and top_k=0 the whole vocabulary. Unset temperature is 1.0. OpenAI's other fields
+    (presence and frequency penalties, logit bias) are not generate keywords there: give them in a SamplingConfig."""
     keywords = {name: value for name, value in (("do_sample", do_sample), ("temperature", temperature),
-                ("top_k", top_k), ("top_p", top_p), ("repetition_penalty", repetition_penalty)) if value is not None}
+                ("top_k", top_k), ("top_p", top_p), ("repetition_penalty", repetition_penalty),
+                ("min_p", min_p)) if value is not None}
     if sampling is not None:
         if not isinstance(sampling, SamplingConfig):
             raise ValueError(f"sampling must be a hardway.decode.sampling.SamplingConfig, got {type(sampling).__name__}")
@@ -282,7 +284,7 @@ def sampling_config(sampling: SamplingConfig | None = None, *, do_sample: bool |
     if not keywords:
         return GREEDY
     config = SamplingConfig(False if do_sample is None else do_sample, 1.0 if temperature is None else temperature,
-                            top_k, top_p, repetition_penalty)  # every value checked
+                            top_k, top_p, repetition_penalty, min_p)  # every value checked
     if config.do_sample and top_k is None:
         config = replace(config, top_k=TRANSFORMERS_TOP_K)
     return config

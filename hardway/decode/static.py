@@ -125,17 +125,18 @@ def shared_static_step(model, batch_size: int, n_positions: int) -> StaticDecode
 @torch.inference_mode()
 def fast_generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, sampling: SamplingConfig | None = None,
                   *, do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
-                  top_p: float | None = None, repetition_penalty: float | None = None, eos_token_id=MODEL_EOS,
-                  generator: torch.Generator | None = None, on_token=None, attention_mask: torch.Tensor | None = None,
-                  decoder: Decoder | None = None, use_cache: bool = True, eos_check_every: int | None = None,
-                  eager: bool | None = None, kv_cache_dtype: str | None = None) -> torch.Tensor:
+                  top_p: float | None = None, repetition_penalty: float | None = None, min_p: float | None = None,
+                  eos_token_id=MODEL_EOS, generator: torch.Generator | None = None, on_token=None,
+                  attention_mask: torch.Tensor | None = None, decoder: Decoder | None = None, use_cache: bool = True,
+                  eos_check_every: int | None = None, eager: bool | None = None, kv_cache_dtype: str | None = None,
+                  json_schema: dict | None = None, regex: str | None = None, tokenizer=None) -> torch.Tensor:
     """`hardway.generate`: lesson 08's generate, decoding with the compiled StaticDecodeStep wherever it pays and
     the call allows it, with the same tokens. Compiled: a model on CPU in fp32 (compile_pays), one row without
     padding, no decoder given, the cache used; the first call compiles (seconds to a minute; inductor's cache in
     compile_cache_dir() shortens the next process's), and the step is kept for the model's next calls. `eager=False`
     compiles on any device and dtype (on CUDA: CUDA graphs). Everything else, or `eager=True`, or HARDWAY_EAGER=1 in
     the environment with `eager` unset: lesson 08's eager steps. `kv_cache_dtype="int8"` (lesson 24): lesson 08's eager
-    steps on an int8 cache."""
+    steps on an int8 cache. `json_schema`, `regex`, `tokenizer` (lesson 25): the grammar's mask, on either path."""
     weight = next(model.parameters())
     pays = compile_pays(weight.device, weight.dtype) if eager is None else not eager
     n_positions = input_ids.shape[-1] + max_new_tokens if isinstance(input_ids, torch.Tensor) else 0
@@ -146,9 +147,10 @@ def fast_generate(model, input_ids: torch.Tensor, max_new_tokens: int = 50, samp
                 and (attention_mask is None or (isinstance(attention_mask, torch.Tensor) and bool(attention_mask.all())))
                 and input_ids.device == weight.device)
     kwargs = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                  repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, generator=generator,
+                  repetition_penalty=repetition_penalty, min_p=min_p, eos_token_id=eos_token_id, generator=generator,
                   on_token=on_token, attention_mask=attention_mask, use_cache=use_cache,
-                  eos_check_every=eos_check_every, kv_cache_dtype=kv_cache_dtype)
+                  eos_check_every=eos_check_every, kv_cache_dtype=kv_cache_dtype, json_schema=json_schema,
+                  regex=regex, tokenizer=tokenizer)
     if not eligible:
         return generate(model, input_ids, max_new_tokens, sampling, decoder=decoder, **kwargs)
     step = shared_static_step(model, 1, n_positions)
