@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hardway.formats.gguf import hub_name, read_gguf, unpermute_qk
-from hardway.kernels.c_loops import c_loops_available, c_matvec_int4, c_matvec_int8
+from hardway.kernels.c_loops import c_loops_available  # and registers the C loops as torch.ops.hardway's operators
 from hardway.loading import load
 from hardway.models.llama import hub_to_hardway_names
 
@@ -224,8 +224,10 @@ class QuantizedLinear(nn.Module):
         elif x.numel() == self.in_features:  # one row: decoding's matrix-vector product
             x1 = x.reshape(self.in_features)  # (in,)
             if self.c_loop:
-                y = (c_matvec_int8(x1, [self.q], [self.scales], self.c_loop_quantizes) if self.bits == 8
-                     else c_matvec_int4(x1, [self.q], [self.scales], [self.mins], self.c_loop_quantizes))
+                # By name, through torch.ops: the operator registered now (lesson 22, section 3, says why).
+                y = (torch.ops.hardway.c_matvec_int8.default(x1, [self.q], [self.scales], self.c_loop_quantizes)
+                     if self.bits == 8 else
+                     torch.ops.hardway.c_matvec_int4.default(x1, [self.q], [self.scales], [self.mins], self.c_loop_quantizes))
             else:
                 y = (matvec_int8(x1, self.q, self.scales) if self.bits == 8
                      else matvec_int4(x1, self.q, self.scales, self.mins))
