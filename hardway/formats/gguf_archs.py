@@ -103,7 +103,8 @@ def gemma3_query_pre_attn_scalar(config: dict) -> int:
 
 def gemma3_config(meta: dict, arch: str, tensor_names) -> dict:
     """Gemma 3's text model: a config.json dict from the metadata, with what Gemma 3 fixes and GGUF does not store
-    (the layer pattern, the sliding layers' RoPE base, the activation), as transformers' Gemma3TextConfig does."""
+    (the layer pattern, the sliding layers' RoPE base, the activation), as transformers' Gemma3TextConfig does, and
+    the query scale as llama.cpp derives it (gemma3_query_pre_attn_scalar)."""
     config = _common(meta, arch, tensor_names)
     theta = meta.get(f"{arch}.rope.freq_base", 1000000.0)
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
