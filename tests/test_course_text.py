@@ -33,7 +33,7 @@ MACHINE = re.compile(r"(?i)\bthis CPU\b|\bthe course's (?:\d-core )?(?:CPU|machi
 
 def texts():
     """(where, text) for every cell of every notebook and every text file a learner reads."""
-    for path in NOTEBOOKS:
+    for path in [*NOTEBOOKS, ROOT / "notebooks" / "exercise_checks.ipynb"]:  # the lessons, and their checks
         for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
             yield f"{path.name} cell {i}", "".join(cell["source"])
     for pattern in ("README.md", "models/README.md", "docs/*.md", "hardway/**/*.py", "solutions/*.py", "benchmarks/*.py", "tools/*.py"):

@@ -205,3 +205,88 @@ def test_the_diagnostics_see_transformers_windows(pair):
     ours, theirs = pair
     first_full = ours.sliding_windows.index(None)
     assert max(attention_diffs(ours, theirs, prompt(), layer=first_full).values()) <= MAX_DELTA
+
+
+def write_gguf(path, model):
+    """`model` as llama.cpp's converter writes a Gemma 3 GGUF: its metadata keys (no query_pre_attn_scalar: the
+    converter writes none), blk.N.* names, every norm stored as 1 + w, the head tied to the embeddings."""
+    import gguf
+
+    from hardway.formats.gguf_archs import ARCHITECTURES, GLOBAL_NAMES
+
+    c = model.config
+    writer = gguf.GGUFWriter(path, arch="gemma3")
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    writer.add_sliding_window(c.sliding_window)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_bos_token_id(c.bos_token_id)
+    writer.add_eos_token_id(c.eos_token_id)
+    to_gguf = {hub: g for g, hub in GLOBAL_NAMES.items()}
+    to_gguf.update({f"model.layers.{i}.{hub}": f"blk.{i}.{g}" for i in range(c.num_hidden_layers)
+                    for g, hub in ARCHITECTURES["gemma3"].layer_names.items()})
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied: the file has no output.weight
+        stem = name.removesuffix(".weight")
+        w = tensor.float().numpy()
+        writer.add_tensor(f"{to_gguf[stem]}.weight", w + 1 if stem.endswith("norm") else w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_query_scale_is_query_pre_attn_scalar_not_head_dim(tmp_path):
+    """Lessons 16 and 20: Gemma 3 scales queries by query_pre_attn_scalar^-1/2, which is not head_dim for every size
+    (Gemma 3 27B: 168 = 5376 / 32 heads, head_dim 128). From config.json it is read as written; a GGUF stores none,
+    so it is llama.cpp's rule: hidden_size / heads for the 62-block 27B, head_dim otherwise. Each against transformers'
+    logits, on tiny models whose query_pre_attn_scalar differs from head_dim (32)."""
+    from transformers import Gemma3TextConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    from hardway.formats.gguf import gguf_config
+
+    # config.json: TINY's 24, not head_dim's 32, and the logits show it (head_dim's scale would be far off)
+    theirs = make_checkpoint(tmp_path / "config")
+    ours = load(tmp_path / "config")
+    ids = prompt()
+    with torch.inference_mode():
+        ref = theirs(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= MAX_DELTA
+        assert all(block.attn.scale == 24 ** -0.5 for block in ours.blocks)
+        for block in ours.blocks:
+            block.attn.scale = TINY["head_dim"] ** -0.5  # the assumption the lessons warn against
+        assert (ours(ids) - ref).abs().max().item() > 1e-2
+
+    def gguf_layout(n):  # what a GGUF implies: five sliding layers, then a full one (Gemma 3's pattern)
+        return dict(num_hidden_layers=n, layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention"
+                                                      for i in range(n)])
+
+    # a GGUF of the 27B's shape: 62 blocks, query_pre_attn_scalar = C / heads = 64 / 4 = 16, head_dim 32
+    theirs = make_checkpoint(tmp_path / "hf62", **gguf_layout(62), query_pre_attn_scalar=16)
+    path = write_gguf(tmp_path / "gemma3-62.gguf", theirs)
+    assert gguf_config(path)["query_pre_attn_scalar"] == 16 != TINY["head_dim"]
+    ours = load(path)
+    with torch.inference_mode():
+        assert (ours(ids) - theirs(ids).logits).abs().max().item() <= MAX_DELTA
+
+    # any other block count: head_dim, the value of every other size
+    theirs = make_checkpoint(tmp_path / "hf6", **gguf_layout(6), query_pre_attn_scalar=TINY["head_dim"])
+    path = write_gguf(tmp_path / "gemma3-6.gguf", theirs)
+    assert gguf_config(path)["query_pre_attn_scalar"] == TINY["head_dim"]
+    with torch.inference_mode():
+        assert (load(path)(ids) - theirs(ids).logits).abs().max().item() <= MAX_DELTA
+
+    # transformers' GGUF reader maps no key to it, so its config keeps the class default (lesson 16 says so)
+    assert "query_pre_attn_scalar" not in GGUF_CONFIG_MAPPING["gemma3"].values()
+    assert Gemma3TextConfig().query_pre_attn_scalar == 256

@@ -73,3 +73,32 @@ def test_config_refusals_and_defaults():
         qwen3_config({**base, "hidden_act": "gelu"})
     no_head_dim = {k: v for k, v in base.items() if k != "head_dim"}
     assert qwen3_config(no_head_dim).head_dim == Qwen3Config(**TINY).head_dim == 128  # transformers' default
+
+
+def test_olmo2_norms_the_whole_projection_where_qwen3_norms_each_head():
+    """Lesson 20: OLMo 2's q/k norm is one RMSNorm over a token's whole projection (num_heads * head_dim numbers, a
+    weight that wide), Qwen3's one per head (head_dim numbers, a weight shared by the heads). On transformers' own
+    attention classes with several heads: lesson 09's RMSNorm over the whole width is OLMo 2's, a norm per head is
+    not; Qwen3's weight is head_dim wide."""
+    import torch.nn.functional as F
+    from transformers import Olmo2Config
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention
+
+    from hardway.models.llama import RMSNorm
+
+    torch.manual_seed(0)
+    attn = Olmo2Attention(Olmo2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2), layer_idx=0)
+    x = torch.randn(2, 5, 64)  # (B, T, C)
+    with torch.no_grad():
+        for norm, proj, heads in ((attn.q_norm, attn.q_proj, 4), (attn.k_norm, attn.k_proj, 2)):
+            norm.weight.normal_(1, 0.2)
+            y = proj(x)  # (B, T, heads * 16)
+            width = heads * attn.head_dim
+            assert norm.weight.shape == (width,)
+            whole = RMSNorm(width, norm.variance_epsilon)
+            whole.weight.copy_(norm.weight)
+            assert torch.equal(whole(y), norm(y))
+            per_head = F.rms_norm(y.view(2, 5, heads, attn.head_dim), (attn.head_dim,), eps=norm.variance_epsilon)
+            assert (per_head.reshape(2, 5, width) * norm.weight - norm(y)).abs().max() > 1e-2
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(**TINY, **CASES["head_dim-16-tied"]))
+    assert qwen3.model.layers[0].self_attn.q_norm.weight.shape == (16,)  # one head's width: QKNormAttention's

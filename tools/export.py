@@ -9,6 +9,11 @@ and marks each finished code cell with `#| export` (to that module) or `#| expor
 header that names the source notebooks. Several lessons may build one module together: lessons 03-06
 each add their classes to `hardway/models/gpt2.py`, so the finished file reads top to bottom like the course.
 
+One notebook is not a lesson: `notebooks/exercise_checks.ipynb` holds every lesson's exercise checks (they contain the
+answers, so the lessons show only their verdicts), one section per lesson, each writing `hardway/exercises/lesson_NN.py`.
+It is exported after every lesson (`notebook_order`), so a module that a lesson starts (lesson 11's five bugs) and the
+checks notebook finishes reads in that order.
+
 A dotted name is a module in a subpackage: `#| export engine.scheduler` writes `hardway/engine/scheduler.py`.
 The package is laid out by what each part does, not by lesson (PACKAGES below says what lives where), so one
 lesson may write several modules and one module may grow over several lessons. A subpackage's `__init__.py` is
@@ -64,11 +69,20 @@ def _source_lines(cell: dict) -> list[str]:
     return src
 
 
+def notebook_order(path: Path) -> tuple[bool, str]:
+    """The lessons (NN_slug.ipynb) in lesson order, then any other notebook (the exercise checks) by name."""
+    return (not re.match(r"\d\d_", path.name), path.name)
+
+
+def notebooks() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("*.ipynb"), key=notebook_order)
+
+
 def exported_modules() -> dict[str, str]:
     """Return {relative path under hardway/: file text} for everything the notebooks export."""
     modules: dict[str, list[str]] = {}
     origin: dict[str, list[str]] = {}
-    for nb_path in sorted(NOTEBOOKS.glob("*.ipynb")):
+    for nb_path in notebooks():
         nb = json.loads(nb_path.read_text(encoding="utf-8"))
         default = None
         for cell in nb["cells"]:
@@ -168,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             path.unlink()
             _remove_if_empty(path.parent)
-    for nb_path in sorted(NOTEBOOKS.glob("*.ipynb")):
+    for nb_path in notebooks():
         raw = nb_path.read_text(encoding="utf-8")
         cleaned = dump_notebook(clean_notebook(json.loads(raw)))
         if raw != cleaned:

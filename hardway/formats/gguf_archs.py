@@ -89,11 +89,22 @@ def qwen3_config(meta: dict, arch: str, tensor_names) -> dict:
 
 GEMMA3_SLIDING_WINDOW_PATTERN = 6  # Gemma 3: five sliding-window layers, then one with full attention, repeated
 GEMMA3_LOCAL_ROPE_THETA = 10000.0  # the sliding layers' RoPE base; the metadata holds only the full layers' one
+GEMMA3_27B_BLOCKS = 62  # the one size whose query scale is not head_dim's, told by its block count (as llama.cpp does)
+
+
+def gemma3_query_pre_attn_scalar(config: dict) -> int:
+    """query_pre_attn_scalar, which no GGUF key holds, as llama.cpp's loader computes it (src/llama-model.cpp,
+    LLM_ARCH_GEMMA3): hidden_size // num_attention_heads for the 27B (5376 // 32 = 168, its config.json's value, while
+    its head_dim is 128), head_dim for every other size."""
+    if config["num_hidden_layers"] == GEMMA3_27B_BLOCKS:
+        return config["hidden_size"] // config["num_attention_heads"]
+    return config["head_dim"]
 
 
 def gemma3_config(meta: dict, arch: str, tensor_names) -> dict:
     """Gemma 3's text model: a config.json dict from the metadata, with what Gemma 3 fixes and GGUF does not store
-    (the layer pattern, the sliding layers' RoPE base, the activation), as transformers' Gemma3TextConfig does."""
+    (the layer pattern, the sliding layers' RoPE base, the activation), as transformers' Gemma3TextConfig does, and
+    the query scale as llama.cpp derives it (gemma3_query_pre_attn_scalar)."""
     config = _common(meta, arch, tensor_names)
     theta = meta.get(f"{arch}.rope.freq_base", 1000000.0)
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
@@ -102,7 +113,7 @@ def gemma3_config(meta: dict, arch: str, tensor_names) -> dict:
         "hidden_activation": "gelu_pytorch_tanh", **config,
         "max_position_embeddings": meta.get(f"{arch}.context_length", 131072),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-        "query_pre_attn_scalar": config["head_dim"],  # queries are scaled by 1/sqrt(256) for every Gemma 3 size
+        "query_pre_attn_scalar": gemma3_query_pre_attn_scalar(config),  # head_dim, except the 27B's
         "sliding_window": meta.get(f"{arch}.attention.sliding_window", 4096),
         "sliding_window_pattern": pattern,
         "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention"

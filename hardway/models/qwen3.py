@@ -33,7 +33,8 @@ def qwen3_config(d: dict) -> ModelConfig:
 
 class QKNormAttention(Attention):
     """Lesson 09's attention with an RMSNorm over each head's query and key vectors, after the projections and
-    before RoPE: the scale of q·k no longer grows with the projections' weights (Qwen3, OLMo 2, Gemma 3)."""
+    before RoPE: the scale of q·k no longer grows with the projections' weights (Qwen3, Gemma 3; OLMo 2 norms the
+    whole projection instead, every head at once)."""
 
     def __init__(self, config: ModelConfig, layer_idx: int = 0):
         super().__init__(config, layer_idx)
