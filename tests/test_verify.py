@@ -180,7 +180,7 @@ def test_first_divergent_layer_numbers_layers_from_the_first_block():
 def test_the_fp32_stand_in_is_not_flagged_where_its_activations_grow(pair):
     """SmolLM2's activations grow to ~2e4 halfway up. The untouched model stays at rounding level on the relative
     measure, far under its threshold, at every layer. With the rounding changed on purpose (every weight moved by
-    eight fp32 steps, lesson 11's rounding_only: how far another CPU's kernels may land) max |Δ| follows the
+    sixteen fp32 steps, lesson 11's rounding_only: how far another CPU's kernels may land) max |Δ| follows the
     activations' size, over a hundred times the relative measure, and the relative measure still does not move."""
     ours, theirs, tok = pair
     ids = torch.tensor([tok.encode(DEFAULT_PROMPT)])
