@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import uuid
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from hardway.decode.constrained import ConstrainedLogits, GrammarError, compile_json_schema
+from hardway.decode.constrained import (ConstrainedLogits, GrammarBudget, GrammarBudgetError, GrammarError,
+                                        compile_json_schema, token_vocabulary)
 from hardway.server.protocol import APIError
 
 
@@ -171,13 +173,29 @@ def structured_asked(body: dict, chat: bool) -> Structured:
     return Structured()
 
 
-def constrain(structured: Structured, params, tokenizer, eos_ids: list[int]) -> None:
+def constrain(structured: Structured, params, tokenizer, eos_ids: list[int], budget: GrammarBudget | None = None
+              ) -> None:
     """Compile the answer's grammar (lesson 25) and give it to the request's SamplingParams: each choice builds its
-    own ConstrainedLogits from it. A schema the grammar cannot take is a 400 naming the keyword and the field."""
+    own ConstrainedLogits from it. A schema the grammar cannot take is a 400 naming the keyword and the field; one
+    that needs more than `budget` (states, seconds) is a 400 naming the budget."""
     if not structured.constrained:
         return
     try:
-        automaton = compile_json_schema(structured.schema, tokenizer, eos_ids)
+        automaton = compile_json_schema(structured.schema, tokenizer, eos_ids, budget)
+    except GrammarBudgetError as e:
+        raise APIError(400, f"'{structured.param}': {e}", structured.param, "grammar_budget_exceeded") from None
     except GrammarError as e:
         raise APIError(400, f"'{structured.param}': {e}", structured.param) from None
     params.constraints = (partial(ConstrainedLogits, automaton),)
+
+
+def prepare_grammars(tokenizer) -> None:
+    """Before serving: the tokenizer's vocabulary trie (lesson 25), built once here so no request pays for it; then
+    everything the process holds so far (the model, the tokenizer, the trie) moved out of the garbage collector's
+    sight (gc.freeze), so that the collections a grammar's new states set off walk only what came after."""
+    try:
+        token_vocabulary(tokenizer)
+    except GrammarError:
+        pass  # a tokenizer without token bytes: no grammar compiles, and each request that asks is told so
+    gc.collect()
+    gc.freeze()
