@@ -4,6 +4,7 @@
     uv run python benchmarks/grammar_compile.py --before bab6626    # (a) with the code of that commit beside it
     uv run python benchmarks/grammar_compile.py --serve             # (b) 8 plain clients, alone and beside a 9th
     uv run python benchmarks/grammar_compile.py --serve --requests 1 --max-tokens 8 --reps 1   # (b), a quick look
+    uv run python benchmarks/grammar_compile.py --gil               # (c) a decode step beside compiles
 
 Three schemas a client may send in `response_format` or a tool's parameters: an enum of 5,000 strings (random
 lowercase words of 4 to 12 letters), an object of 40 optional string properties, an object of 20 optional integer
@@ -11,13 +12,14 @@ properties. SmolLM2-135M-Instruct's tokenizer (49,152 tokens).
 
 (a) the compile table: each schema compiled in a process of its own, once the tokenizer (and our vocabulary trie, or
 xgrammar's TokenizerInfo) is loaded: the time of what a server does before the first token, and the peak resident
-memory above the memory at its start (Linux's VmHWM, reset there). Ours: `compile_json_schema` and the first mask
-(the server's path); with --before COMMIT, the same call on that commit's `hardway` (git archive), beside it.
+memory above the memory at its start (Linux's VmHWM, reset there). Ours: `compile_json_schema`, which computes the
+first masks too (the server's path), and the start's mask; with --before COMMIT, the same calls on that commit's
+`hardway` (git archive), beside it.
 xgrammar: `compile_json_schema` (one thread, no cache, any_whitespace=False), a GrammarMatcher and its first
 bitmask. Medians over --repeats processes (memory: the largest). Then, for ours, the lazy work left to the engine:
 random generations under each grammar (random scores, closing tokens favoured), every mask timed the first time its
-state is visited (in a process whose objects are frozen out of the garbage collector, as `hardway serve` does), and
-the states made in all.
+state is visited (in a process whose objects are frozen out of the garbage collector, as `hardway serve` does), the
+states made in all, and, for scale, the states of the whole (unminimized) DFA.
 
 (b) --serve: `hardway serve` on SmolLM2 (lesson 14's engine, no prefix cache). 8 clients each send --requests chat
 requests one after the other (greedy, --max-tokens), all starting together; their output tokens over the wall time
@@ -27,6 +29,11 @@ once, then cached: what the 9th's own requests cost the engine); and the same wi
 every request of the 9th is compiled afresh. Its answers are --ninth-max-tokens long (1 by default: the compile and
 one step). New against alone is what a stream of new schemas costs everyone else; new against cached, what the
 compiles alone cost.
+
+(c) --gil: the mechanism under (b), without HTTP: a decode step of 8 rows of SmolLM2 (eager, lesson 08's cache),
+timed alone, then while another thread compiles new enums back to back (the worst case: a compile all the time),
+once with the compile letting go of the GIL every 0.2 ms as it does, once keeping it until Python's switch interval
+takes it away.
 """
 
 from __future__ import annotations
@@ -145,9 +152,15 @@ def lazy_work(automaton, tokenizer, walks: int) -> dict:
             state = automaton.advance(state, token)
             tokens += 1
     ms = sorted(s * 1e3 for s in first_visits)
+    made = automaton.dfa.n_states
+    dfa = automaton.dfa  # for scale: every state there is, made with the budget lifted (the eager construction)
+    dfa.max_states, state = 10**8, 0
+    while state < dfa.n_states:
+        dfa.expand(state)
+        state += 1
     return {"walks": walks, "tokens": tokens, "first_visits": len(ms), "first_visit_median_ms": statistics.median(ms),
             "first_visit_p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "first_visit_max_ms": ms[-1],
-            "states_after_walks": automaton.dfa.n_states}
+            "states_after_walks": made, "whole_dfa_states": dfa.n_states}
 
 
 def run_child(impl: str, name: str, walks: int, path: str | None) -> dict:
@@ -201,14 +214,15 @@ def compile_table(args) -> dict:
     if args.walks:
         print(f"\nours, after the compile: {args.walks} random generations per schema, each mask timed the first time "
               f"its state is visited (in the engine's thread, in a server)\n")
-        print("| schema | tokens | first visits | median ms | p99 ms | max ms | DFA states made in all |")
-        print("|---|---|---|---|---|---|---|")
+        print("| schema | tokens | first visits | median ms | p99 ms | max ms | DFA states made in all | the whole "
+              "DFA |")
+        print("|---|---|---|---|---|---|---|---|")
         for name in schemas():
             lazy = results[name]["ours"]["runs"][0] if isinstance(results[name]["ours"], dict) else None
             if lazy and "first_visits" in lazy:
                 print(f"| {name} | {lazy['tokens']} | {lazy['first_visits']} | {lazy['first_visit_median_ms']:.1f} | "
                       f"{lazy['first_visit_p99_ms']:.1f} | {lazy['first_visit_max_ms']:.1f} | "
-                      f"{lazy['states_after_walks']:,} |")
+                      f"{lazy['states_after_walks']:,} | {lazy['whole_dfa_states']:,} |")
     return results
 
 
@@ -324,11 +338,74 @@ def serve_benchmark(args) -> dict:
             "compile_ratio": new / cached}
 
 
+# ---------------------------------------------------------------- (c) a decode step beside compiles, GIL shared or not
+
+
+def gil_benchmark(args) -> dict:
+    """The engine's work (a decode step of 8 rows of SmolLM2, eager) timed alone and while another thread compiles
+    new enums back to back, its Deadline letting go of the GIL every GIL_SHARE_S, or never."""
+    import torch
+
+    import hardway.decode.regex_automaton as automaton_module
+    from hardway.decode.constrained import compile_json_schema, token_vocabulary
+    from hardway.formats.hub import checkpoint
+    from hardway.loading import load
+    from hardway.text.tokenizer import load_tokenizer
+    folder = checkpoint(SMOLLM2)
+    model, tokenizer = load(folder), load_tokenizer(folder)
+    token_vocabulary(tokenizer)
+    gc.collect()
+    gc.freeze()  # as `hardway serve` does
+    enum = schemas()["enum of 5,000 strings"]
+    ids = torch.randint(0, 1000, (8, 1))  # (B, 1)
+
+    def step_ms() -> float:
+        cache, times = model.new_kv_cache(8, args.steps + 1), []
+        with torch.inference_mode():
+            for position in range(args.steps):
+                start = time.perf_counter()
+                model(ids, kv_cache=cache, start_pos=position)
+                times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3
+
+    step_ms()  # warm-up
+    shared = automaton_module.GIL_SHARE_S
+    result = {}
+    print(f"a decode step of 8 rows, median of {args.steps}; load average {os.getloadavg()[0]:.2f} at the start")
+    for label, every in (("alone", None), ("beside compiles, the GIL shared", shared),
+                         ("beside compiles, the GIL kept", float("inf")), ("alone again", None)):
+        stop, compiles = threading.Event(), []
+        thread = None
+        if every is not None:
+            automaton_module.GIL_SHARE_S = every
+
+            def compiler():
+                while not stop.is_set():
+                    compile_json_schema({**enum, "title": f"compile {time.perf_counter()}"}, tokenizer, [2])
+                    compiles.append(1)
+
+            thread = threading.Thread(target=compiler)
+            thread.start()
+            time.sleep(0.3)
+        ms = step_ms()
+        stop.set()
+        if thread is not None:
+            thread.join()
+        result[label] = ms
+        print(f"{label:>32}: {ms:7.1f} ms" + (f" ({len(compiles)} enums compiled meanwhile)" if compiles else ""),
+              flush=True)
+    automaton_module.GIL_SHARE_S = shared
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", action="store_true", help="(b): 8 plain clients' tok/s, alone and beside a 9th "
                                                              "sending new schemas (default: (a), the compile table)")
+    parser.add_argument("--gil", action="store_true", help="(c): a decode step alone and beside back-to-back "
+                                                           "compiles, the GIL shared or kept")
+    parser.add_argument("--steps", type=int, default=20, help="(c) decode steps timed per case")
     parser.add_argument("--repeats", type=int, default=3, help="(a) processes per schema and implementation")
     parser.add_argument("--walks", type=int, default=20, help="(a) random generations per schema after ours "
                                                               "compiled (0: none)")
@@ -345,10 +422,11 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.walks)))
         return 0
-    result = serve_benchmark(args) if args.serve else compile_table(args)
+    result = serve_benchmark(args) if args.serve else gil_benchmark(args) if args.gil else compile_table(args)
     if args.json:
         with open(args.json, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"time": time.time(), "serve": args.serve, "result": result}, default=str) + "\n")
+            f.write(json.dumps({"time": time.time(), "serve": args.serve, "gil": args.gil, "result": result},
+                               default=str) + "\n")
     return 0
 
 

@@ -170,8 +170,9 @@ class TokenAutomaton:
         return self.dfa.n_states + 1
 
     def check_state(self, state: int) -> int:
-        if not isinstance(state, (int, np.integer)) or not 0 <= state <= self.finished:
-            raise ValueError(f"state {state!r} is not a state of this automaton (0..{self.finished})")
+        if not isinstance(state, (int, np.integer)) or not (0 <= state < self.dfa.n_states or state == self.finished):
+            raise ValueError(f"state {state!r} is not a state of this automaton (0..{self.dfa.n_states - 1}, or "
+                             f"{self.finished}: finished)")
         return int(state)
 
     def is_accepting(self, state: int) -> bool:
@@ -189,10 +190,14 @@ class TokenAutomaton:
             else:
                 with self.lazy_work(deadline):
                     allowed = trie_walk(self.dfa, self.vocabulary, state)  # (V,)
-            if self.is_accepting(state):
-                allowed[self.eos_token_ids] = True
-            mask = self._masks.setdefault(state, torch.from_numpy(allowed))  # another thread's, if it was first
+            mask = self.keep(state, allowed)
         return mask
+
+    def keep(self, state: int, allowed: np.ndarray) -> torch.Tensor:
+        """Cache `allowed` (V,) as the state's mask, the EOS ids added iff the state accepts."""
+        if self.is_accepting(state):
+            allowed[self.eos_token_ids] = True
+        return self._masks.setdefault(state, torch.from_numpy(allowed))  # another thread's, if it was first
 
     def warm(self, deadline: Deadline | None = None) -> None:
         """Compute the masks of the start state and of every state one token after it, within `deadline`: what a
@@ -200,8 +205,8 @@ class TokenAutomaton:
         state just inside an enum's quote is the costly one: its walk makes a state per value prefix the tokens
         spell.) One walk from the start gives both its mask and the states its tokens lead to."""
         with self.lazy_work(deadline):
-            after = trie_states(self.dfa, self.vocabulary, self.start)  # (V,)
-        self.allowed(self.start, deadline)  # from the walk just made: each row it needs is there already
+            after = trie_states(self.dfa, self.vocabulary, self.start)  # (V,): the state each token leads to
+        self.keep(self.start, after >= 0)
         for state in np.unique(after[after >= 0]).tolist():
             self.allowed(state, deadline)
 

@@ -34,9 +34,9 @@ class GrammarBudgetError(GrammarError):
 
 @dataclass(frozen=True)
 class GrammarBudget:
-    """What one grammar may spend (section 9). `max_states`: states of its lazy DFA, all told (each is a row of 256
-    moves, and may get a token mask); `max_nfa_states`: states of its NFA (the regex's size, with a copy of the
-    repeated part for each count of `{m,n}`); `compile_s`: seconds from the schema to the first state's token mask;
+    """What one grammar may spend (lesson 25, section 9). `max_states`: states of its lazy DFA, all told (each is a
+    row of 256 moves, and may get a token mask); `max_nfa_states`: states of its NFA (the regex's size, with a copy
+    of the repeated part for each count of `{m,n}`); `compile_s`: seconds from the schema to its first token masks;
     `mask_s`: seconds for the lazy work of any one later state (its moves, its mask), done inside an engine step."""
     max_states: int = 50_000
     max_nfa_states: int = 500_000
@@ -44,7 +44,7 @@ class GrammarBudget:
     mask_s: float = 0.5
 
 
-GIL_SHARE_S = 2e-4  # a compile beside the engine lets go of the GIL this often (section 9)
+GIL_SHARE_S = 2e-4  # a compile beside the engine lets go of the GIL this often (lesson 25, section 9)
 
 
 class Deadline:
