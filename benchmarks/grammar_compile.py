@@ -31,9 +31,9 @@ one step). New against alone is what a stream of new schemas costs everyone else
 compiles alone cost.
 
 (c) --gil: the mechanism under (b), without HTTP: a decode step of 8 rows of SmolLM2 (eager, lesson 08's cache),
-timed alone, then while another thread compiles new enums back to back (the worst case: a compile all the time),
-once with the compile letting go of the GIL every 0.2 ms as it does, once keeping it until Python's switch interval
-takes it away.
+timed alone, then while another thread compiles new enums back to back (the worst case: a compile all the time):
+as the server's grammar thread runs (its priority lowered, the GIL let go every 0.2 ms), at the engine's priority
+with the GIL let go, and at the engine's priority keeping the GIL until Python's switch interval takes it away.
 """
 
 from __future__ import annotations
@@ -343,13 +343,15 @@ def serve_benchmark(args) -> dict:
 
 def gil_benchmark(args) -> dict:
     """The engine's work (a decode step of 8 rows of SmolLM2, eager) timed alone and while another thread compiles
-    new enums back to back, its Deadline letting go of the GIL every GIL_SHARE_S, or never."""
+    new enums back to back: at a lower priority or not, its Deadline letting go of the GIL every GIL_SHARE_S, or
+    never."""
     import torch
 
     import hardway.decode.regex_automaton as automaton_module
     from hardway.decode.constrained import compile_json_schema, token_vocabulary
     from hardway.formats.hub import checkpoint
     from hardway.loading import load
+    from hardway.server.tools import lower_priority
     from hardway.text.tokenizer import load_tokenizer
     folder = checkpoint(SMOLLM2)
     model, tokenizer = load(folder), load_tokenizer(folder)
@@ -372,14 +374,18 @@ def gil_benchmark(args) -> dict:
     shared = automaton_module.GIL_SHARE_S
     result = {}
     print(f"a decode step of 8 rows, median of {args.steps}; load average {os.getloadavg()[0]:.2f} at the start")
-    for label, every in (("alone", None), ("beside compiles, the GIL shared", shared),
-                         ("beside compiles, the GIL kept", float("inf")), ("alone again", None)):
+    cases = (("alone", None, False), ("as the server compiles", shared, True),
+             ("the GIL shared, the engine's priority", shared, False),
+             ("the GIL kept, the engine's priority", float("inf"), False), ("alone again", None, False))
+    for label, every, lowered in cases:
         stop, compiles = threading.Event(), []
         thread = None
         if every is not None:
             automaton_module.GIL_SHARE_S = every
 
             def compiler():
+                if lowered:
+                    lower_priority()
                 while not stop.is_set():
                     compile_json_schema({**enum, "title": f"compile {time.perf_counter()}"}, tokenizer, [2])
                     compiles.append(1)
@@ -392,7 +398,7 @@ def gil_benchmark(args) -> dict:
         if thread is not None:
             thread.join()
         result[label] = ms
-        print(f"{label:>32}: {ms:7.1f} ms" + (f" ({len(compiles)} enums compiled meanwhile)" if compiles else ""),
+        print(f"{label:>37}: {ms:7.1f} ms" + (f" ({len(compiles)} enums compiled meanwhile)" if compiles else ""),
               flush=True)
     automaton_module.GIL_SHARE_S = shared
     return result

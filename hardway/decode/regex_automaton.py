@@ -36,8 +36,9 @@ class GrammarBudgetError(GrammarError):
 class GrammarBudget:
     """What one grammar may spend (lesson 25, section 9). `max_states`: states of its lazy DFA, all told (each is a
     row of 256 moves, and may get a token mask); `max_nfa_states`: states of its NFA (the regex's size, with a copy
-    of the repeated part for each count of `{m,n}`); `compile_s`: seconds from the schema to its first token masks;
-    `mask_s`: seconds for the lazy work of any one later state (its moves, its mask), done inside an engine step."""
+    of the repeated part for each count of `{m,n}`); `compile_s`: seconds (of CPU time) from the schema to its first
+    token masks; `mask_s`: seconds (of CPU time) for the lazy work of any one later state (its moves, its mask), done
+    inside an engine step."""
     max_states: int = 50_000
     max_nfa_states: int = 500_000
     compile_s: float = 5.0
@@ -48,24 +49,24 @@ GIL_SHARE_S = 2e-4  # a compile beside the engine lets go of the GIL this often 
 
 
 class Deadline:
-    """A time budget: `check()`, called every little while by the work it times, raises GrammarBudgetError once
-    `seconds` have passed since it was made; `what` says what the time was for and which budget it is.
+    """A time budget, in seconds of the calling thread's CPU time (`time.thread_time`): the work a grammar costs,
+    whatever else the machine is doing. `check()`, called every little while by the work it times, raises
+    GrammarBudgetError once `seconds` of it are spent; `what` says what the time was for and which budget it is.
 
     `share_gil`: work in a thread beside the engine's (a compile) also lets go of Python's GIL at each check, at most
-    every GIL_SHARE_S. Without it the engine thread, back from each torch operation (which runs without the GIL),
-    waits for the GIL until Python's switch interval (5 ms) forces the compile to hand it over: every step of the
-    engine slows down several times while a compile runs."""
+    every GIL_SHARE_S of wall time. Without it the engine thread, back from each torch operation (which runs without
+    the GIL), waits for the GIL until Python's switch interval (5 ms) forces the compile to hand it over: every step
+    of the engine slows down several times while a compile runs."""
 
     def __init__(self, seconds: float, what: str, share_gil: bool = False):
         self.seconds, self.what, self.share_gil = seconds, what, share_gil
+        self.end = time.thread_time() + seconds
         self.shared = time.monotonic()
-        self.end = self.shared + seconds
 
     def check(self) -> None:
-        now = time.monotonic()
-        if now >= self.end:
-            raise GrammarBudgetError(f"the grammar took more than {self.seconds:g} s {self.what}")
-        if self.share_gil and now - self.shared > GIL_SHARE_S:
+        if time.thread_time() >= self.end:
+            raise GrammarBudgetError(f"the grammar took more than {self.seconds:g} s of CPU time {self.what}")
+        if self.share_gil and time.monotonic() - self.shared > GIL_SHARE_S:
             time.sleep(0)  # releases the GIL: a thread waiting for it takes it now
             self.shared = time.monotonic()
 

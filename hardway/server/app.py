@@ -35,7 +35,7 @@ from hardway.server.protocol import (
     sampling_params,
 )
 from hardway.server.metrics import CONTENT_TYPE, ServerMetrics
-from hardway.server.tools import Structured, constrain, prepare_grammars, structured_asked
+from hardway.server.tools import Structured, constrain, lower_priority, prepare_grammars, structured_asked
 from hardway.server.worker import DISCONNECTED, Ended, EngineThread, Pending, next_event
 from hardway.text.chat import ChatTemplate, ChatTemplateError
 
@@ -81,7 +81,8 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     `app.state.worker` is its EngineThread, which `serve` stops on SIGINT/SIGTERM. `grammar_budget`: what one
     request's grammar may cost (lesson 25's GrammarBudget; None: its defaults)."""
     worker = EngineThread(engine)
-    grammars = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")  # compiles, one at a time
+    grammars = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar",  # compiles, one at a time, at a
+                                  initializer=lower_priority)                  # priority below the engine's
 
     @asynccontextmanager
     async def lifespan(app):
@@ -167,7 +168,8 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     async def constrain_off_loop(structured: Structured, params: SamplingParams) -> None:
         """Compile the answer's grammar, if it has one, in the app's grammar thread, before the request reaches the
         engine: the event loop and the engine's thread go on meanwhile (a schema seen before is cached). One thread,
-        so that compiles queue rather than share the GIL; each lets go of it every 0.2 ms (lesson 25, section 9)."""
+        so that compiles queue rather than share the GIL; each lets go of it every 0.2 ms, and the thread runs at a
+        lower priority than the engine's (lesson 25, section 9)."""
         if structured.constrained:
             eos = engine.model.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
             await asyncio.get_running_loop().run_in_executor(grammars, constrain, structured, params,
