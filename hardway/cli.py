@@ -13,6 +13,7 @@ import sys
 import torch
 
 from hardway.chat_cli import chat_loop
+from hardway.decode.regex_automaton import GrammarBudget
 from hardway.decode.sampling import SamplingConfig
 from hardway.decode.speculative import (
     CompiledVerifier,
@@ -193,6 +194,11 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if not 0 <= args.grace <= 3600:  # also refuses nan
         raise ValueError(f"--grace must be in 0..3600 seconds, got {args.grace}")
+    for name in ("grammar_max_states", "grammar_max_nfa_states", "grammar_compile_s", "grammar_mask_s"):
+        if not getattr(args, name) > 0:  # also refuses nan
+            raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {getattr(args, name)}")
+    grammar_budget = GrammarBudget(max_states=args.grammar_max_states, max_nfa_states=args.grammar_max_nfa_states,
+                                   compile_s=args.grammar_compile_s, mask_s=args.grammar_mask_s)  # lesson 25
     # --compile SIZES: these batch sizes; by default, where compiling pays (CPU, fp32), the sizes measured fastest on
     # the fastest set against vLLM on a 2-core CPU (docs/serving.md): one request alone, 8 and 16 at once (up to --max-batch)
     compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else \
@@ -208,7 +214,7 @@ def cmd_serve(args) -> int:
           block_size=args.block_size, device=device, dtype=dtype, grace_s=args.grace,
           max_step_tokens=args.max_step_tokens, compile_sizes=compile_sizes,
           engine_class=Engine if args.no_prefix_cache else PrefixCachingEngine,  # lesson 14's, or lesson 15's
-          kv_cache_dtype=args.kv_cache_dtype)  # lesson 24
+          kv_cache_dtype=args.kv_cache_dtype, grammar_budget=grammar_budget)  # lessons 24, 25
     return 0
 
 
@@ -275,6 +281,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "about a quarter of fp32's bytes; lesson 24)")
     s.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may still finish (default 5)")
+    budget = GrammarBudget()  # lesson 25: what one request's grammar (response_format, tools) may cost
+    s.add_argument("--grammar-max-states", type=int, default=budget.max_states, metavar="N",
+                   help=f"states a request's grammar may make in its lazy DFA, all told (default {budget.max_states})")
+    s.add_argument("--grammar-max-nfa-states", type=int, default=budget.max_nfa_states, metavar="N",
+                   help=f"states of a grammar's NFA, the size of its regex (default {budget.max_nfa_states})")
+    s.add_argument("--grammar-compile-s", type=float, default=budget.compile_s, metavar="SECONDS",
+                   help=f"time to compile a grammar, up to its first masks (default {budget.compile_s:g})")
+    s.add_argument("--grammar-mask-s", type=float, default=budget.mask_s, metavar="SECONDS",
+                   help=f"time for the work one new state of a grammar needs while generating, inside an engine "
+                        f"step (default {budget.mask_s:g})")
     s.add_argument("--eager", action="store_true",
                    help="compile nothing: a quick start (by default, on CPU in fp32, the decode steps of 1, 8 and 16 "
                         "requests are compiled before serving, once: the compiled code is cached on disk)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from hardway.decode.regex_automaton import MAX_REPEAT, GrammarError
+from hardway.decode.regex_automaton import MAX_REPEAT, NO_DEADLINE, Deadline, GrammarBudgetError, GrammarError
 
 
 # The whitespace allowed between two tokens of the JSON text: one optional space, as outlines-core's default. It admits
@@ -23,6 +23,7 @@ NUMBER = rf"({INTEGER})(\.[0-9]+)?([eE][+-][0-9]+)?"
 BOOLEAN = r"(true|false)"
 NULL = r"null"
 ANY_JSON_DEPTH = 3  # "any JSON value" nests at most this many objects and arrays: a regular language has no stack
+MAX_REGEX_CHARS = 16_000_000  # past this the regex is refused: $refs expanded in place can double it at each level
 
 # Keywords that say nothing about which texts are valid: read past.
 ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
@@ -53,10 +54,11 @@ class SchemaCompiler:
     """One schema (the root, for `$ref`s) -> its regex; `pointer` is where in the schema each call stands."""
 
     def __init__(self, root, whitespace: str = WHITESPACE, string_inner: str = STRING_INNER,
-                 any_depth: int = ANY_JSON_DEPTH):
+                 any_depth: int = ANY_JSON_DEPTH, deadline: Deadline = NO_DEADLINE):
         self.root, self.ws, self.inner, self.any_depth = root, whitespace, string_inner, any_depth
         self.string = f'"{string_inner}*"'
         self.expanding: list[str] = []  # the $refs being expanded: one seen twice is recursion
+        self.deadline = deadline  # the compile time budget
 
     def error(self, pointer: str, what: str) -> GrammarError:
         return GrammarError(f"{what} (at #{pointer} of the schema)")
@@ -110,6 +112,15 @@ class SchemaCompiler:
         return node
 
     def compile(self, node, pointer: str = "") -> str:
+        """The regex of the schema `node`, found at `pointer`."""
+        self.deadline.check()
+        regex = self.compile_node(node, pointer)
+        if len(regex) > MAX_REGEX_CHARS:
+            raise GrammarBudgetError(f"the schema's regular expression is over {MAX_REGEX_CHARS} characters (at "
+                                     f"#{pointer} of the schema)")
+        return regex
+
+    def compile_node(self, node, pointer: str) -> str:
         if node is True or node == {}:
             return self.any_value(self.any_depth)
         if not isinstance(node, dict):
@@ -210,22 +221,23 @@ class SchemaCompiler:
                  + self.compile(properties[name], f"{pointer}/properties/{name.replace('~', '~0').replace('/', '~1')}")
                  for name in names]
         is_required = [name in required for name in names]
+        # The properties written: some of them, in the schema's order, commas between, every required one there.
+        # Read the properties left to right, keeping `written`, the regex of what may be written up to property k
+        # (at least one property): `written` then `, k` (optional, unless k is required), or k alone when nothing
+        # before it was required. One step per property, so the regex grows linearly with their number; writing out
+        # each choice of the first property in full (its own copy of all the rest) would grow with its square.
+        written, any_required = parts[0], is_required[0]
+        for k in range(1, len(names)):
+            then = f"({ws},{ws}{parts[k]})" + ("" if is_required[k] else "?")
+            written = written + then if any_required else f"({written}{then}|{parts[k]})"
+            any_required |= is_required[k]
+        if any_required:
+            return rf"\{{{ws}{written}{ws}\}}"
+        return rf"\{{({ws}{written})?{ws}\}}"
 
-        def rest(i: int) -> str:  # the properties after one already written: each behind a comma, optional or not
-            return "".join(f"({ws},{ws}{parts[j]})" + ("" if is_required[j] else "?") for j in range(i, len(names)))
 
-        options = []
-        for first in range(len(names)):  # the first property written: any up to and including the first required
-            options.append(parts[first] + rest(first + 1))
-            if is_required[first]:
-                break
-        body = "(" + "|".join(options) + ")"
-        if any(is_required):
-            return rf"\{{{ws}{body}{ws}\}}"
-        return rf"\{{({ws}{body})?{ws}\}}"
-
-
-def json_schema_to_regex(schema: dict | None, whitespace: str = WHITESPACE, string_inner: str = STRING_INNER) -> str:
+def json_schema_to_regex(schema: dict | None, whitespace: str = WHITESPACE, string_inner: str = STRING_INNER,
+                         deadline: Deadline = NO_DEADLINE) -> str:
     """A JSON schema (a dict; None: any JSON object, as response_format json_object asks) -> the regex of the JSON
     texts it allows. Properties come in the schema's order, as outlines and xgrammar write them; a property left
     out of `required` may be left out. GrammarError for a keyword not implemented or a malformed schema."""
@@ -233,4 +245,4 @@ def json_schema_to_regex(schema: dict | None, whitespace: str = WHITESPACE, stri
         schema = {"type": "object"}
     if not isinstance(schema, dict):
         raise GrammarError(f"a JSON schema must be a dict, got {type(schema).__name__}")
-    return SchemaCompiler(schema, whitespace, string_inner).compile(schema)
+    return SchemaCompiler(schema, whitespace, string_inner, deadline=deadline).compile(schema)

@@ -19,6 +19,14 @@ from hardway.engine.sequence import RequestOutput, RequestStats, SamplingParams,
 from hardway.loading import CausalLM
 
 
+def raised_or_returned(result):
+    """One sequence's result of a step (see Engine._compute), or, if its row raised, that exception raised here,
+    where `postprocess` fails that sequence alone."""
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 class Engine:
     """The scheduler, the model runner and the output processor behind one small interface: `add` a request,
     `step` (one forward pass for everything scheduled, and a RequestOutput for each request with something new),
@@ -143,7 +151,8 @@ class Engine:
         finished prefill's or decode's next token, `postprocess` applies each result to its sequence. -> a
         RequestOutput for each request with something new: plain values, for any thread to read. If the pass
         raises, each sequence is computed alone, and only those that still fail finish with finish_reason "error"
-        (their blocks freed); the others carry on as if they had never been there."""
+        (their blocks freed); the others carry on as if they had never been there. A sequence whose own chain of
+        processors raised while its token was picked (ModelRunner.sample) fails the same way, without the rerun."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
@@ -153,9 +162,10 @@ class Engine:
             seq.scheduled_time = time.monotonic()
         try:
             picked = self._compute(batch.seqs, batch.n_new)
-            results = [lambda r=r: r for r in picked]
+            results = [lambda r=r: raised_or_returned(r) for r in picked]
         except Exception:  # noqa: BLE001 - whose fault? Compute each sequence alone, and fail only those that fail
-            results = [lambda s=s, n=n: self._compute([s], [n])[0] for s, n in zip(batch.seqs, batch.n_new)]
+            results = [lambda s=s, n=n: raised_or_returned(self._compute([s], [n])[0])
+                       for s, n in zip(batch.seqs, batch.n_new)]
         outputs = []
         for seq, n, result in zip(batch.seqs, batch.n_new, results):
             out = self.postprocess(seq, n, result)
@@ -177,14 +187,16 @@ class Engine:
 
     def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[tuple[int, TokenLogprobs | None] | None]:
         """One forward pass -> each sequence's next token and its TokenLogprobs (None if not asked), or None for a
-        prompt chunk that is not its last. Changes no sequence: `postprocess` does."""
+        prompt chunk that is not its last, or the exception its row raised when its token was picked. Changes no
+        sequence: `postprocess` does."""
         logits = self.runner.forward(seqs, n_new)  # (B, V)
         done = [i for i, (s, n) in enumerate(zip(seqs, n_new)) if n == s.n_uncomputed]  # every token computed
-        tokens = self.runner.sample([seqs[i] for i in done], logits[done])
-        entries = picked_logprobs([seqs[i] for i in done], logits[done], tokens)  # only those that asked (lesson 19)
-        out: list[tuple[int, TokenLogprobs | None] | None] = [None] * len(seqs)
+        tokens = self.runner.sample([seqs[i] for i in done], logits[done])  # a token, or an exception, per row
+        ids = [t if isinstance(t, int) else 0 for t in tokens]  # a failed row's entry is computed, then dropped
+        entries = picked_logprobs([seqs[i] for i in done], logits[done], ids)  # only those that asked (lesson 19)
+        out: list[tuple[int, TokenLogprobs | None] | Exception | None] = [None] * len(seqs)
         for i, token, entry in zip(done, tokens, entries):
-            out[i] = (token, entry)
+            out[i] = token if isinstance(token, Exception) else (token, entry)
         return out
 
     def postprocess(self, seq: Sequence, n_new: int, result) -> RequestOutput | None:

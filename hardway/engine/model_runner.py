@@ -167,18 +167,26 @@ class ModelRunner:
                                 start_pos=self.cache.n_positions - T, last_only=True, **padding)  # (R, 1, V)
         return logits[last_rows, -1]  # (B, V)
 
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
         """logits (B, V) -> each sequence's next token, as generate() picks it: every plain greedy row by one argmax;
         a row that samples, or whose penalties, bias or constraint change even the greedy pick, through its own chain
         (built once per sequence: a constraint's state lives in it) and its own generator; one transfer to Python at
-        the end."""
+        the end. A row whose chain raises (a grammar over its budget, lesson 25) gets the exception instead of a
+        token: that sequence alone fails, and the other rows are picked as if it had not."""
         tokens = logits.argmax(dim=-1)  # (B,)
+        failed: dict[int, Exception] = {}
         for i, seq in enumerate(seqs):
-            if seq.processors is None:
-                seq.processors = seq.params.processors(len(seq.prompt_ids))
-            do_sample = seq.params.temperature > 0
-            if do_sample or seq.processors:
-                scores = seq.processors(torch.tensor([seq.tokens], device=self.device),
-                                        logits[i:i + 1].float())  # (1, V)
-                tokens[i] = sample_next_token(scores, do_sample, seq.generator)[0]
-        return tokens.tolist()
+            try:
+                if seq.processors is None:
+                    seq.processors = seq.params.processors(len(seq.prompt_ids))
+                do_sample = seq.params.temperature > 0
+                if do_sample or seq.processors:
+                    scores = seq.processors(torch.tensor([seq.tokens], device=self.device),
+                                            logits[i:i + 1].float())  # (1, V)
+                    tokens[i] = sample_next_token(scores, do_sample, seq.generator)[0]
+            except Exception as e:  # noqa: BLE001 - this row's own failure
+                failed[i] = e
+        picked: list[int | Exception] = tokens.tolist()
+        for i, e in failed.items():
+            picked[i] = e
+        return picked

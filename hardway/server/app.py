@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
@@ -15,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hardway.decode.constrained import GrammarBudget
 from hardway.engine.engine import Engine
 from hardway.engine.logprobs import TokenLogprobs
 from hardway.engine.sequence import RequestOutput, SamplingParams
@@ -32,7 +35,7 @@ from hardway.server.protocol import (
     sampling_params,
 )
 from hardway.server.metrics import CONTENT_TYPE, ServerMetrics
-from hardway.server.tools import Structured, constrain, structured_asked
+from hardway.server.tools import Structured, constrain, lower_priority, prepare_grammars, structured_asked
 from hardway.server.worker import DISCONNECTED, Ended, EngineThread, Pending, next_event
 from hardway.text.chat import ChatTemplate, ChatTemplateError
 
@@ -73,16 +76,22 @@ async def read_json(request: Request, worker: EngineThread, timeout_s: float = B
 
 
 def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None,
-               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
+               body_timeout_s: float = BODY_TIMEOUT_S, grammar_budget: GrammarBudget | None = None) -> FastAPI:
     """The FastAPI app serving `engine` under the model name `model_name`; chat needs the checkpoint's template.
-    `app.state.worker` is its EngineThread, which `serve` stops on SIGINT/SIGTERM."""
+    `app.state.worker` is its EngineThread, which `serve` stops on SIGINT/SIGTERM. `grammar_budget`: what one
+    request's grammar may cost (lesson 25's GrammarBudget; None: its defaults)."""
     worker = EngineThread(engine)
+    grammars = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar",  # compiles, one at a time, at a
+                                  initializer=lower_priority)                  # priority below the engine's
 
     @asynccontextmanager
     async def lifespan(app):
+        prepare_grammars(engine.tokenizer)  # the vocabulary's trie, and gc.freeze(), before the engine starts
         worker.start()
         yield
         worker.stop()  # `serve` stopped it already; run some other way, the app stops it here (HTTP is closed by now)
+        grammars.shutdown(wait=False, cancel_futures=True)
+        gc.unfreeze()  # what the server froze may be collected again, in a process that goes on without it
 
     app = FastAPI(title="hardway", lifespan=lifespan)
     app.state.worker = worker
@@ -157,11 +166,14 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         return await respond(request, body, ids, params, chat=True, echo=False, tool_reply=structured.reply)
 
     async def constrain_off_loop(structured: Structured, params: SamplingParams) -> None:
-        """Compile the answer's grammar, if it has one, in a thread of its own: a new schema takes seconds, and the
-        other requests' streams go on meanwhile (a schema seen before is cached)."""
+        """Compile the answer's grammar, if it has one, in the app's grammar thread, before the request reaches the
+        engine: the event loop and the engine's thread go on meanwhile (a schema seen before is cached). One thread,
+        so that compiles queue rather than share the GIL; each lets go of it every 0.2 ms, and the thread runs at a
+        lower priority than the engine's (lesson 25, section 9)."""
         if structured.constrained:
             eos = engine.model.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
-            await asyncio.to_thread(constrain, structured, params, engine.tokenizer, eos)
+            await asyncio.get_running_loop().run_in_executor(grammars, constrain, structured, params,
+                                                             engine.tokenizer, eos, grammar_budget)
 
     def token_name(token: int, as_id: bool) -> str:
         """A token as the logprobs fields spell it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""

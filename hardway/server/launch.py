@@ -99,14 +99,15 @@ def in_a_thread_of_its_own(fn):
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
           grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine,
-          compile_sizes=(), kv_cache_dtype: str | None = None) -> None:
+          compile_sizes=(), kv_cache_dtype: str | None = None, grammar_budget=None) -> None:
     """Load a model and serve it until SIGINT/SIGTERM. `model_id`: anything `open_model` takes (a hub id, a folder,
     a .gguf file), or its ModelSource; /v1/models lists it under the name as given. On a signal, running requests
     get `grace_s` seconds to finish, and those still open are ended with an error (see _Server); a second signal
     ends sooner. `max_step_tokens`: the tokens one engine step computes at most (a longer prompt is prefilled in
     chunks). `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson 15's
     PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, before the server
-    listens. `kv_cache_dtype`: "int8" for an int8 KV cache (lesson 24), None or "auto" for the model's dtype."""
+    listens. `kv_cache_dtype`: "int8" for an int8 KV cache (lesson 24), None or "auto" for the model's dtype.
+    `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget; None: its defaults)."""
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
@@ -130,7 +131,7 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     # own that then ends, and the engine thread computes everything after (lesson 14, "One thread computes"). With
     # n_blocks None: room for max_batch sequences of 512 positions (or the context, if shorter).
     engine = in_a_thread_of_its_own(build_engine)
-    app = create_app(engine, source.name, chat)  # the name as given: what clients send as "model"
+    app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _Server(config, app.state.worker, grace_s).run()
     if app.state.worker.thread.is_alive():

@@ -5,14 +5,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import re
+import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from hardway.decode.constrained import ConstrainedLogits, GrammarError, compile_json_schema
+from hardway.decode.constrained import (ConstrainedLogits, GrammarBudget, GrammarBudgetError, GrammarError,
+                                        compile_json_schema, token_vocabulary)
 from hardway.server.protocol import APIError
 
 
@@ -171,13 +176,43 @@ def structured_asked(body: dict, chat: bool) -> Structured:
     return Structured()
 
 
-def constrain(structured: Structured, params, tokenizer, eos_ids: list[int]) -> None:
+def constrain(structured: Structured, params, tokenizer, eos_ids: list[int], budget: GrammarBudget | None = None
+              ) -> None:
     """Compile the answer's grammar (lesson 25) and give it to the request's SamplingParams: each choice builds its
-    own ConstrainedLogits from it. A schema the grammar cannot take is a 400 naming the keyword and the field."""
+    own ConstrainedLogits from it. A schema the grammar cannot take is a 400 naming the keyword and the field; one
+    that needs more than `budget` (states, seconds) is a 400 naming the budget."""
     if not structured.constrained:
         return
     try:
-        automaton = compile_json_schema(structured.schema, tokenizer, eos_ids)
+        automaton = compile_json_schema(structured.schema, tokenizer, eos_ids, budget)
+    except GrammarBudgetError as e:
+        raise APIError(400, f"'{structured.param}': {e}", structured.param, "grammar_budget_exceeded") from None
     except GrammarError as e:
         raise APIError(400, f"'{structured.param}': {e}", structured.param) from None
     params.constraints = (partial(ConstrainedLogits, automaton),)
+
+
+GRAMMAR_NICE = 10  # the grammar thread's nice value (Linux): below the engine's 0, far from the idle class's 19
+
+
+def lower_priority() -> None:
+    """The calling thread's scheduling priority lowered to GRAMMAR_NICE (on Linux, where a thread is a task with a
+    nice value of its own; elsewhere nothing): while the engine's torch operations keep the cores busy a compile waits
+    for them, and when the cores are free it runs at full speed. Its budget counts CPU time, not the time it waited."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), GRAMMAR_NICE)
+        except OSError:
+            pass  # a system that refuses it: the compile runs at the engine's priority
+
+
+def prepare_grammars(tokenizer) -> None:
+    """Before serving: the tokenizer's vocabulary trie (lesson 25), built once here so no request pays for it; then
+    everything the process holds so far (the model, the tokenizer, the trie) moved out of the garbage collector's
+    sight (gc.freeze), so that the collections a grammar's new states set off walk only what came after."""
+    try:
+        token_vocabulary(tokenizer)
+    except GrammarError:
+        pass  # a tokenizer without token bytes: no grammar compiles, and each request that asks is told so
+    gc.collect()
+    gc.freeze()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from hardway.decode.regex_automaton import GrammarBudgetError
 from hardway.engine.engine import Engine
 from hardway.engine.sequence import RequestOutput, SamplingParams
 from hardway.server.protocol import APIError
@@ -157,6 +158,10 @@ class EngineThread:
             if request is None:
                 continue
             if out.error is not None:  # the engine could not compute this one; the others go on
+                kind, _, why = out.error.partition(": ")
+                if kind == GrammarBudgetError.__name__:  # its grammar went over its budget (lesson 25): a 400
+                    self._end(request, 400, f"the answer's grammar went over its budget while generating: {why}")
+                    continue
                 log.error("request %s failed in the engine: %s", out.request_id, out.error)
                 self._end(request, 500, f"the engine failed on this request: {out.error}")
                 continue
