@@ -405,8 +405,8 @@ class ByteNFA:
             return [True] * len(self.moves)
         before: list[list[int]] = [[] for _ in self.moves]
         for state, (epsilon, moves) in enumerate(zip(self.epsilon, self.moves)):
-            for target in epsilon + [t for _, _, t in moves]:
-                before[target].append(state)
+            for destination in epsilon + [t for _, _, t in moves]:
+                before[destination].append(state)
         live, stack = [False] * len(self.moves), [exit_]
         live[exit_] = True
         while stack:
@@ -528,8 +528,8 @@ class LazyDFA:
         self.deadline.check()
         by_range: dict[tuple[int, int], list[int]] = {}  # the set's NFA moves, grouped by their byte range
         for s in self.sets[state]:
-            for lo, hi, target in self.nfa.moves[s]:
-                by_range.setdefault((lo, hi), []).append(target)
+            for lo, hi, destination in self.nfa.moves[s]:
+                by_range.setdefault((lo, hi), []).append(destination)
         row = np.full(256, -1, dtype=np.int32)
         cuts = sorted({lo for lo, _ in by_range} | {hi + 1 for _, hi in by_range})
         for lo, next_cut in zip(cuts, cuts[1:]):  # bytes lo..next_cut-1 all move alike

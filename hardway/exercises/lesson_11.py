@@ -103,7 +103,7 @@ def check_find_broken_layer(my_find_broken_layer, ours, theirs, input_ids) -> st
     is the first block) or None. Breaks one layer of the Llama `ours` at a time (its MLP's gate_proj and up_proj
     swapped), after changing nothing but the rounding (every weight moved by sixteen fp32 rounding steps, see
     `rounding_only`) and breaking nothing, and restores the model after each. The rounding comes first: an answer
-    that mistakes rounding for a bug hears so, whatever else it gets wrong on this CPU's kernels."""
+    that mistakes rounding for a bug hears so, whatever else it gets wrong where the kernels round differently."""
     n = len(ours.blocks)
     for broken in ("rounding", None, 0, n // 2, n - 1):
         which = {None: "no layer broken", "rounding": "only the rounding changed"}.get(broken)
