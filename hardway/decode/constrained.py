@@ -80,12 +80,15 @@ _vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def token_vocabulary(tokenizer) -> TokenVocabulary:
     """The tokenizer's TokenVocabulary, built once per tokenizer object (its `decoder`: id -> bytes)."""
-    vocabulary = _vocabularies.get(tokenizer)
+    decoder = getattr(tokenizer, "decoder", None)
+    if not isinstance(decoder, dict) or not decoder:
+        raise GrammarError(f"{type(tokenizer).__name__} has no `decoder` (token id -> bytes): constrained "
+                           f"decoding needs each token's bytes")
+    try:
+        vocabulary = _vocabularies.get(tokenizer)
+    except TypeError:  # an object that cannot be weakly referenced: built each time, never kept
+        return TokenVocabulary(decoder, special_token_ids(tokenizer).values())
     if vocabulary is None:
-        decoder = getattr(tokenizer, "decoder", None)
-        if not isinstance(decoder, dict) or not decoder:
-            raise GrammarError(f"{type(tokenizer).__name__} has no `decoder` (token id -> bytes): constrained "
-                               f"decoding needs each token's bytes")
         vocabulary = _vocabularies[tokenizer] = TokenVocabulary(decoder, special_token_ids(tokenizer).values())
     return vocabulary
 
