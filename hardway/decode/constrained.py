@@ -99,6 +99,7 @@ def trie_states(dfa: ByteDFA | LazyDFA, vocabulary: TokenVocabulary, state: int)
     states = np.array([state], dtype=np.int64)          # (F,): ... and the DFA state each one's bytes lead to
     offsets, child_bytes, child_nodes = vocabulary.child_offsets, vocabulary.child_bytes, vocabulary.child_nodes
     while len(nodes):
+        dfa.deadline.check()  # a lazy DFA's budget for this state's work (a complete DFA's never runs out)
         first, counts = offsets[nodes], offsets[nodes + 1] - offsets[nodes]  # (F,) each
         total = int(counts.sum())
         if total == 0:
