@@ -528,8 +528,8 @@ class LazyDFA:
         self.deadline.check()
         by_range: dict[tuple[int, int], list[int]] = {}  # the set's NFA moves, grouped by their byte range
         for s in self.sets[state]:
-            for lo, hi, target in self.nfa.moves[s]:
-                by_range.setdefault((lo, hi), []).append(target)
+            for lo, hi, nxt in self.nfa.moves[s]:
+                by_range.setdefault((lo, hi), []).append(nxt)
         row = np.full(256, -1, dtype=np.int32)
         cuts = sorted({lo for lo, _ in by_range} | {hi + 1 for _, hi in by_range})
         for lo, next_cut in zip(cuts, cuts[1:]):  # bytes lo..next_cut-1 all move alike
