@@ -26,9 +26,11 @@ requests one after the other (greedy, --max-tokens), all starting together; thei
 is the round's tok/s. Three kinds of round, interleaved, --reps of each, on the same prompts: the 8 alone; the 8
 while a 9th client keeps sending the three schemas as `response_format`, the same three again and again (compiled
 once, then cached: what the 9th's own requests cost the engine); and the same with a new title each time, so that
-every request of the 9th is compiled afresh. Its answers are --ninth-max-tokens long (1 by default: the compile and
-one step). New against alone is what a stream of new schemas costs everyone else; new against cached, what the
-compiles alone cost.
+every request of the 9th is compiled afresh. It starts a request every --ninth-every seconds (1 by default; 0: back
+to back), the same rate in both, and its answers are --ninth-max-tokens long (1 by default: the compile and one
+step). New against alone is what a stream of new schemas costs everyone else; cached against alone, what the 9th's
+requests cost the engine (each a prompt to prefill, in a step off the compiled decode path); new against cached,
+what the compiles cost.
 
 (c) --gil: the mechanism under (b), without HTTP: a decode step of 8 rows of SmolLM2 (eager, lesson 08's cache),
 timed alone, then while another thread compiles new enums back to back (the worst case: a compile all the time):
@@ -254,9 +256,10 @@ def post(url: str, body: dict) -> dict:
     return r.json()
 
 
-def ninth_client(url: str, stop: threading.Event, max_tokens: int, fresh: bool, record: list) -> None:
-    """Sends the three schemas in turn until told to stop; `fresh`: each time with a new title, so that each is
-    compiled afresh (else each is compiled once, then found in the cache)."""
+def ninth_client(url: str, stop: threading.Event, max_tokens: int, fresh: bool, every: float, record: list) -> None:
+    """Sends the three schemas in turn until told to stop, a request every `every` seconds (or back to back, if one
+    takes longer); `fresh`: each time with a new title, so that each is compiled afresh (else each is compiled once,
+    then found in the cache)."""
     shapes = list(schemas().values())
     for k in itertools.count():
         if stop.is_set():
@@ -268,12 +271,14 @@ def ninth_client(url: str, stop: threading.Event, max_tokens: int, fresh: bool, 
         start = time.perf_counter()
         post(url, body)
         record.append(time.perf_counter() - start)
+        stop.wait(max(0.0, every - (time.perf_counter() - start)))
 
 
 MODES = {"alone": None, "beside, cached schemas": False, "beside, new schemas": True}  # the 9th: none, or `fresh`
 
 
-def serve_round(url: str, prompts, max_tokens: int, ninth_max_tokens: int, fresh: bool | None) -> dict:
+def serve_round(url: str, prompts, max_tokens: int, ninth_max_tokens: int, ninth_every: float,
+                fresh: bool | None) -> dict:
     tokens, latencies, stop = [], [], threading.Event()
 
     def client(mine):
@@ -283,7 +288,8 @@ def serve_round(url: str, prompts, max_tokens: int, ninth_max_tokens: int, fresh
 
     threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
     extra = None if fresh is None else threading.Thread(target=ninth_client,
-                                                         args=(url, stop, ninth_max_tokens, fresh, latencies))
+                                                         args=(url, stop, ninth_max_tokens, fresh, ninth_every,
+                                                               latencies))
     if extra:
         extra.start()
         time.sleep(0.5)  # its first schema compiling when the others start
@@ -310,13 +316,13 @@ def serve_benchmark(args) -> dict:
         post(url, {"model": SMOLLM2, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})  # warm-up
         rounds: dict[str, list] = {mode: [] for mode in MODES}
         print(f"{args.clients} clients x {args.requests} requests, max_tokens {args.max_tokens}, greedy; the 9th: "
-              f"the three schemas in turn, max_tokens {args.ninth_max_tokens}; load average "
-              f"{os.getloadavg()[0]:.2f} at the start")
+              f"the three schemas in turn, a request every {args.ninth_every:g} s, max_tokens "
+              f"{args.ninth_max_tokens}; load average {os.getloadavg()[0]:.2f} at the start")
         order = list(MODES)
         for rep in range(args.reps):
             prompts = prompt_set(args.clients, args.requests)
             for mode in order[rep % len(order):] + order[:rep % len(order)]:  # each mode first in turn
-                r = serve_round(url, prompts, args.max_tokens, args.ninth_max_tokens, MODES[mode])
+                r = serve_round(url, prompts, args.max_tokens, args.ninth_max_tokens, args.ninth_every, MODES[mode])
                 rounds[mode].append(r)
                 extra = (f"; the 9th: {r['ninth_requests']} answers, median {r['ninth_median_s']:.2f} s each"
                          if r["ninth_requests"] else "")
@@ -420,6 +426,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=4, help="(b) requests per client per round")
     parser.add_argument("--max-tokens", type=int, default=64, help="(b) tokens of each plain answer")
     parser.add_argument("--ninth-max-tokens", type=int, default=1, help="(b) tokens of each of the 9th's answers")
+    parser.add_argument("--ninth-every", type=float, default=1.0, help="(b) seconds between the starts of the 9th's "
+                                                                       "requests (0: back to back)")
     parser.add_argument("--reps", type=int, default=2, help="(b) rounds of each mode, interleaved")
     parser.add_argument("--min-ratio", type=float, default=0.9, help="(b) a ratio below this is flagged")
     parser.add_argument("--json", type=Path, help="append the figures to this file, one JSON object per run")

@@ -102,6 +102,7 @@ def trie_states(dfa: ByteDFA | LazyDFA, vocabulary: TokenVocabulary, state: int)
     states = np.array([state], dtype=np.int64)          # (F,): ... and the DFA state each one's bytes lead to
     offsets, child_bytes, child_nodes = vocabulary.child_offsets, vocabulary.child_bytes, vocabulary.child_nodes
     while len(nodes):
+        dfa.deadline.check()  # a lazy DFA's budget for this state's work (a complete DFA's never runs out)
         first, counts = offsets[nodes], offsets[nodes + 1] - offsets[nodes]  # (F,) each
         total = int(counts.sum())
         if total == 0:
@@ -132,6 +133,7 @@ def naive_scan(dfa: ByteDFA | LazyDFA, vocabulary: TokenVocabulary, state: int) 
 
 
 MASK_TIME = "to compute one state's token mask (the per-state time budget, mask_s)"
+EAGER_STATES = 4096  # a compile computes the lazy DFA's rows while it has fewer states than this (TokenAutomaton.warm)
 
 
 class TokenAutomaton:
@@ -203,15 +205,19 @@ class TokenAutomaton:
         return self._masks.setdefault(state, torch.from_numpy(allowed))  # another thread's, if it was first
 
     def warm(self, deadline: Deadline | None = None) -> None:
-        """Compute the masks of the start state and of every state one token after it, within `deadline`: what a
-        compile does, off the engine's thread, so the first two steps of a generation find their masks cached. (The
-        state just inside an enum's quote is the costly one: its walk makes a state per value prefix the tokens
-        spell.) One walk from the start gives both its mask and the states its tokens lead to."""
+        """What a compile does ahead, off the engine's thread, within `deadline`: the masks of the start state and of
+        every state one token after it, so the first two steps of a generation find them cached (the state just
+        inside an enum's quote is the costly one: its walk makes a state per value prefix the tokens spell); then,
+        on a lazy DFA, its rows while it has fewer than EAGER_STATES states, so that a small grammar's later first
+        visits cost a trie walk alone. One walk from the start gives its mask and the states its tokens lead to."""
         with self.lazy_work(deadline):
             after = trie_states(self.dfa, self.vocabulary, self.start)  # (V,): the state each token leads to
         self.keep(self.start, after >= 0)
         for state in np.unique(after[after >= 0]).tolist():
             self.allowed(state, deadline)
+        if isinstance(self.dfa, LazyDFA):
+            with self.lazy_work(deadline):
+                self.dfa.expand_while_small(EAGER_STATES)
 
     def allowed_for(self, state: int, width: int, device) -> torch.Tensor:
         """allowed(state) as `width` entries on `device`, for logits wider than the vocabulary (padding rows of the

@@ -551,6 +551,15 @@ class LazyDFA:
             nxt = self.table[states, data]
         return nxt
 
+    def expand_while_small(self, up_to: int) -> None:
+        """Compute rows in the order their states were made, while the DFA has fewer than `up_to` states: all of a
+        small DFA (then no walk computes a row again), the states nearest the start of a big one."""
+        state = 0
+        while state < self.n_states < up_to:
+            if self.table[state, 0] == UNKNOWN:  # a computed row holds no UNKNOWN
+                self.expand(state)
+            state += 1
+
     def walk(self, data: bytes, state: int | None = None) -> int:
         """The state after reading `data` from `state` (default the start), or -1 once a byte leads nowhere."""
         state = self.start if state is None else state
