@@ -353,7 +353,7 @@ def gil_benchmark(args) -> dict:
     never."""
     import torch
 
-    import hardway.decode.regex_automaton as automaton_module
+    import hardway.decode.regex_parser as parser_module
     from hardway.decode.constrained import compile_json_schema, token_vocabulary
     from hardway.formats.hub import checkpoint
     from hardway.loading import load
@@ -377,7 +377,7 @@ def gil_benchmark(args) -> dict:
         return statistics.median(times) * 1e3
 
     step_ms()  # warm-up
-    shared = automaton_module.GIL_SHARE_S
+    shared = parser_module.GIL_SHARE_S
     result = {}
     print(f"a decode step of 8 rows, median of {args.steps}; load average {os.getloadavg()[0]:.2f} at the start")
     cases = (("alone", None, False), ("as the server compiles", shared, True),
@@ -387,7 +387,7 @@ def gil_benchmark(args) -> dict:
         stop, compiles = threading.Event(), []
         thread = None
         if every is not None:
-            automaton_module.GIL_SHARE_S = every
+            parser_module.GIL_SHARE_S = every
 
             def compiler():
                 if lowered:
@@ -406,7 +406,7 @@ def gil_benchmark(args) -> dict:
         result[label] = ms
         print(f"{label:>37}: {ms:7.1f} ms" + (f" ({len(compiles)} enums compiled meanwhile)" if compiles else ""),
               flush=True)
-    automaton_module.GIL_SHARE_S = shared
+    parser_module.GIL_SHARE_S = shared
     return result
 
 

@@ -5,8 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "hardway"
-LONG_MODULES = {"text/bpe.py": 560,  # one concept: both BPE tokenizers share the merge loop and the byte table
-                "decode/regex_automaton.py": 660}  # regex -> NFA -> DFA, eager and lazy: to split (lazy_dfa.py) next
+LONG_MODULES = {"text/bpe.py": 560}  # one concept: both BPE tokenizers share the merge loop and the byte table
 MAX_LINES = 450
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from hardway.decode.json_schema import json_schema_to_regex
-from hardway.decode.regex_automaton import (NO_DEADLINE, ByteDFA, Deadline, GrammarBudget, GrammarBudgetError,
-                                            GrammarError, LazyDFA, regex_to_lazy_dfa)
+from hardway.decode.regex_automaton import ByteDFA, LazyDFA, regex_to_lazy_dfa
+from hardway.decode.regex_parser import NO_DEADLINE, Deadline, GrammarBudget, GrammarBudgetError, GrammarError
 from hardway.decode.sampling import LogitsProcessor
 
 __all__ = ["GrammarError", "GrammarBudget", "GrammarBudgetError", "TokenVocabulary", "TokenAutomaton",

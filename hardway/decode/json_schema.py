@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from hardway.decode.regex_automaton import MAX_REPEAT, NO_DEADLINE, Deadline, GrammarBudgetError, GrammarError
+from hardway.decode.regex_parser import MAX_REPEAT, NO_DEADLINE, Deadline, GrammarBudgetError, GrammarError
 
 
 # The whitespace allowed between two tokens of the JSON text: one optional space, as outlines-core's default. It admits
