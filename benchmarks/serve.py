@@ -54,21 +54,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_hardway(model: str, port: int, flags: list[str]) -> subprocess.Popen:
-    """`hardway serve --model MODEL --port PORT FLAGS...`, once it answers /v1/models."""
+def start_hardway(model: str, port: int, flags: list[str], compiled: bool = True) -> subprocess.Popen:
+    """`hardway serve --model MODEL --port PORT FLAGS...`, once it answers /v1/models and, with `compiled`, once
+    its decode steps have compiled (it serves eagerly while they compile: a benchmark measures the server as it
+    runs from then on)."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
                              "serve", "--model", model, "--port", str(port), *flags], stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
+    deadline = time.time() + 900
     while time.time() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"hardway serve exited with {proc.returncode}")
         try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).raise_for_status()
-            return proc
+            stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).raise_for_status().json()
+            if stats.get("compile_error"):
+                raise SystemExit(f"hardway serve's decode steps did not compile: {stats['compile_error']}")
+            if not compiled or not stats.get("compiling_batch_sizes"):
+                return proc
         except httpx.TransportError:
-            time.sleep(0.5)
+            pass
+        time.sleep(0.5)
     proc.kill()
-    raise SystemExit("hardway serve did not start within 600 s")
+    raise SystemExit("hardway serve did not start (and compile) within 900 s")
 
 
 def one_stream(client: OpenAI, model: str, prompt: str, max_tokens: int, out: list, on_token=None) -> None:

@@ -292,11 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"time for the work one new state of a grammar needs while generating, inside an engine "
                         f"step (default {budget.mask_s:g})")
     s.add_argument("--eager", action="store_true",
-                   help="compile nothing: a quick start (by default, on CPU in fp32, the decode steps of 1, 8 and 16 "
-                        "requests are compiled before serving, once: the compiled code is cached on disk)")
+                   help="compile nothing (by default, on CPU in fp32, the decode steps of 1, 8 and 16 requests "
+                        "compile in the background while the server answers with eager steps; the compiled code is "
+                        "cached on disk)")
     s.add_argument("--compile", nargs="?", const="1", default=None, metavar="SIZES",
-                   help="compile the decode steps of these batch sizes (1,8,16; alone: 1) before serving: about a "
-                        "minute per size the first time, cached on disk; `benchmarks/serve.py --compile SIZES` "
+                   help="compile the decode steps of these batch sizes (1,8,16; alone: 1), in the background while "
+                        "the server answers: about a minute per size the first time, cached on disk; "
+                        "`benchmarks/serve.py --compile SIZES` "
                         "measures which sizes pay on your CPU")
     return parser
 

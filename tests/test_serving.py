@@ -22,6 +22,7 @@ from hardway.engine.output import OutputProcessor, apply_stop
 from hardway.engine.paged_cache import PagedKVCache
 from hardway.engine.sequence import SamplingParams, Sequence
 from hardway.engine.scheduler import Scheduler
+from hardway.server.worker import EngineThread
 from hardway.text.detokenizer import Detokenizer
 from hardway.text.tokenizer import load_tokenizer
 
@@ -426,6 +427,50 @@ def test_compiled_decode_falls_back_to_eager_for_other_shapes(gpt2):
     seqs = engine.generate(prompts, SamplingParams(max_tokens=5, temperature=0))
     assert [s.output_ids for s in seqs] == expected
     assert calls == [], "two rows were decoded by the graph compiled for one"
+
+
+def test_a_compile_in_the_background_leaves_the_pool_alone_and_its_graphs_serve_the_engine(gpt2):
+    """background_compile=True (what `hardway serve` does): the engine answers before anything is compiled, with
+    eager steps; the compile, in a thread of its own, runs on a twin of the pool and leaves the engine's pool as it
+    was, with requests half done in it; the graphs it compiled on the twin then serve the engine's own pool without
+    a new graph (their guards check shapes, not which pool); every answer equals generate()'s, before and after."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model, tok = gpt2
+    counter = CompileCounterWithBackend("aot_eager")
+    engine = Engine(model, tok, n_blocks=24, block_size=4, max_batch=4, compile_sizes=(1, 4), backend=counter,
+                    background_compile=True)
+    decode = engine.runner.decode
+    assert counter.frame_count == 0 and decode.ready == set(), "background_compile=True compiled in __init__"
+    try:
+        check_answers_across_the_switch(engine, decode, counter, model, tok)
+    finally:
+        torch._dynamo.reset()  # its two graphs would count against the next tests' recompile limit (8 per function)
+
+
+def check_answers_across_the_switch(engine, decode, counter, model, tok):
+    prompts = [tok.encode(p) for p in PROMPTS[:3]]
+    lengths = [6, 9, 12]
+    expected = [alone(model, ids, n) for ids, n in zip(prompts, lengths)]
+    calls = watched_graphs(engine)
+    def stats():  # what the server's /stats adds
+        return EngineThread.compile_stats(SimpleNamespace(engine=engine))
+    assert stats() == {"compiled_batch_sizes": [], "compiling_batch_sizes": [1, 4], "compile_error": None}
+    seqs = [engine.add(ids, SamplingParams(max_tokens=n, temperature=0)) for ids, n in zip(prompts, lengths)]
+    for _ in range(3):  # the prompts and two decode steps, eager: nothing is ready
+        engine.step()
+    assert calls == [] and all(s.n_cached > len(s.prompt_ids) for s in seqs)
+    pool = engine.runner.cache
+    before = [t.clone() for t in pool.k + pool.v]
+    decode.compile_in_background().join()
+    assert decode.error is None and decode.ready == {1, 4} and counter.frame_count == 2
+    assert stats() == {"compiled_batch_sizes": [1, 4], "compiling_batch_sizes": [], "compile_error": None}
+    assert all(torch.equal(a, b) for a, b in zip(before, pool.k + pool.v)), "the compile wrote into the engine's pool"
+    while engine.has_work():
+        engine.step()
+    assert [s.output_ids for s in seqs] == expected
+    assert {(4, 3), (4, 2), (1, 1)} <= set(calls), f"batches run: {sorted(set(calls))}"
+    assert counter.frame_count == 2, "the engine's own pool needed graphs of its own"
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,9 @@ class Engine:
     `step` (one forward pass for everything scheduled, and a RequestOutput for each request with something new),
     `abort`. A sequence whose computation raises fails alone. `compile_sizes`: the batch sizes whose decode steps
     run compiled (CompiledDecode), compiled here, before any request: (1,) makes one request alone as fast as
-    lesson 12's compiled step; () compiles nothing.
+    lesson 12's compiled step; () compiles nothing. background_compile=True compiles nothing here: the caller starts
+    `runner.decode.compile_in_background()`, and the engine steps eagerly until each size is ready (`hardway serve`
+    does, and answers from its first second).
 
     A model whose `sliding_windows` names layers that attend to a sliding window (lesson 15) gets a second pool for
     those layers, whose blocks go back to it as the window moves past them: `n_sliding_blocks` blocks (None: room
@@ -43,7 +45,7 @@ class Engine:
 
     def __init__(self, model: CausalLM, tokenizer, n_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
                  max_step_tokens: int = 512, compile_sizes=(), backend=None, n_sliding_blocks: int | None = None,
-                 sliding_pool: bool = True, kv_cache_dtype: str | None = None):
+                 sliding_pool: bool = True, kv_cache_dtype: str | None = None, background_compile: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size = model.config.vocab_size  # rows of the embedding: the ids the model can read
         largest = max(tokenizer.decoder)  # the largest id the tokenizer can produce (an added token's, often)
@@ -58,7 +60,7 @@ class Engine:
         self.runner = ModelRunner(model, n_blocks, block_size, compile_sizes=compile_sizes, backend=backend,
                                   sliding_layers=sliding_layers, n_sliding_blocks=sliding.n_blocks if sliding else 0,
                                   kv_cache_dtype=kv_cache_dtype)
-        if self.runner.decode is not None:
+        if self.runner.decode is not None and not background_compile:
             self.runner.decode.compile_now()
         self.output = OutputProcessor(tokenizer, model.eos_token_ids)
         self.seqs: dict[int, Sequence] = {}  # every request not finished yet, by id

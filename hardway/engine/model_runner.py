@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import torch
 
 from hardway.decode.kv_quant import check_kv_cache_dtype
@@ -24,6 +27,9 @@ def paged_decode_step(model: CausalLM, input_ids: torch.Tensor, attention_mask: 
                  last_only=True)
 
 
+COMPILE_SWITCH_S = 2e-4  # Python's switch interval while a compile runs beside the engine (see compile_in_background)
+
+
 class CompiledDecode:
     """Steps in which every row decodes one token, compiled, as vLLM and nano-vllm capture a CUDA graph per batch
     size: one graph per size in `batch_sizes`, a smaller batch padded up to the next size with rows that write and
@@ -34,7 +40,8 @@ class CompiledDecode:
     `compiled_step` choosing the backend for its rows: for one row, lesson 12's matrix-vector loops, on the weights
     `hardway.load` laid out for them (the twin's one-row path uses the model's own weights: no copy); for several,
     inductor fusing everything between the oneDNN products, which it calls as they are. Compiling takes seconds to a
-    minute per size: `compile_now` does it before any request."""
+    minute per size: `compile_now` does it before any request, `compile_in_background` while the engine serves. A
+    size is used once it is in `ready`."""
 
     def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None):
         self.cache, self.batch_sizes, self.model = cache, sorted(batch_sizes), model
@@ -44,35 +51,68 @@ class CompiledDecode:
         guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         self.graphs = {b: compiled_step(paged_decode_step, cache.device, b, backend, cuda_graphs=False, options=guards)
                        for b in self.batch_sizes}
+        self.ready: set[int] = set()  # the sizes compiled so far: a step runs at no other
+        self.error: Exception | None = None  # what a compile in the background raised, if it did
 
     def padded_size(self, n_rows: int) -> int | None:
         """The batch size a decode of n_rows runs at: the smallest compiled size that holds it (None: none does)."""
-        return next((b for b in self.batch_sizes if b >= n_rows), None)
+        return next((b for b in self.batch_sizes if b >= n_rows and b in self.ready), None)
 
     def __call__(self, input_ids: torch.Tensor, slot_rows: list[torch.Tensor], size: int | None = None,
-                 sliding_rows: list[torch.Tensor] | None = None) -> torch.Tensor:
+                 sliding_rows: list[torch.Tensor] | None = None, cache: PagedKVCache | None = None) -> torch.Tensor:
         """input_ids (B, 1), each row's slots (and its slots in the sliding layers' pool, lesson 15) -> logits
-        (B, V), computed at the padded size."""
+        (B, V), computed at the padded size. `cache`: the pool (default the engine's; a compile may use a twin)."""
+        cache = self.cache if cache is None else cache
         B, size = len(slot_rows), size or self.padded_size(len(slot_rows))
-        padding = torch.full((2,), self.cache.scratch_slot)  # (2,): two positions, so that S is never 1 (a constant)
+        padding = torch.full((2,), cache.scratch_slot)  # (2,): two positions, so that S is never 1 (a constant)
         slot_rows = slot_rows + [padding] * (size - B)
-        if any(self.cache.sliding):  # lesson 15: the sliding layers' pool pads with its own scratch slot
-            sliding_rows = (sliding_rows or []) + [torch.full((2,), self.cache.sliding_scratch_slot)] * (size - B)
-        mask = self.cache.bind(slot_rows, [1] * size, sliding_rows)  # (size, S), or None: no padding
+        if any(cache.sliding):  # lesson 15: the sliding layers' pool pads with its own scratch slot
+            sliding_rows = (sliding_rows or []) + [torch.full((2,), cache.sliding_scratch_slot)] * (size - B)
+        mask = cache.bind(slot_rows, [1] * size, sliding_rows)  # (size, S), or None: no padding
         if mask is None:
-            mask = torch.ones(size, self.cache.n_positions, dtype=torch.long, device=self.cache.device)
-        dynamic = [mask, self.cache.read_slots] + ([self.cache.sliding_read_slots] if sliding_rows is not None else [])
+            mask = torch.ones(size, cache.n_positions, dtype=torch.long, device=cache.device)
+        dynamic = [mask, cache.read_slots] + ([cache.sliding_read_slots] if sliding_rows is not None else [])
         for t in dynamic:
             torch._dynamo.mark_dynamic(t, 1)  # S: symbolic, not a constant of the graph
-        padded_ids = torch.zeros(size, 1, dtype=torch.long, device=self.cache.device)  # (size, 1): token 0 for padding
+        padded_ids = torch.zeros(size, 1, dtype=torch.long, device=cache.device)  # (size, 1): token 0 for padding
         padded_ids[:B] = input_ids
-        return self.graphs[size](self.model, padded_ids, mask, self.cache)[:B, -1]  # (B, V)
+        return self.graphs[size](self.model, padded_ids, mask, cache)[:B, -1]  # (B, V)
 
-    def compile_now(self) -> None:
-        """Compile every size now, on padding rows alone: they read and write the scratch slot only."""
+    def compile_now(self, cache: PagedKVCache | None = None) -> None:
+        """Compile every size now, smallest first, on padding rows alone: they read and write the scratch slot only.
+        Each size is ready as soon as it is compiled. `cache`: the pool to compile on (default the engine's); a graph
+        compiled on a twin of the pool (same type and shapes) serves the pool itself: its guards check the shapes,
+        not which pool."""
         with torch.inference_mode():
             for size in self.batch_sizes:
-                self(torch.zeros(0, 1, dtype=torch.long), [], size)
+                self(torch.zeros(0, 1, dtype=torch.long), [], size, cache=cache)
+                self.ready.add(size)
+
+    def compile_in_background(self, initializer=None) -> threading.Thread:
+        """Compile every size in a thread of its own while the engine steps eagerly, on a twin of the pool (the
+        engine's thread binds the pool itself before every pass); each size is used from the first step after it is
+        ready. `initializer()` runs first in that thread (the server lowers its priority). A failure is kept in
+        `error`, and the engine stays eager.
+
+        The compile is Python, holding the GIL, and the engine's thread needs it back after every torch operation:
+        at Python's switch interval of 5 ms, an eager step of a few hundred operations could wait a second. While
+        the compile runs the interval is COMPILE_SWITCH_S, so the engine's thread waits for the GIL that long at
+        most."""
+        def compile_all():
+            if initializer is not None:
+                initializer()
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(COMPILE_SWITCH_S)
+            try:
+                self.compile_now(self.cache.scratch_twin())
+            except Exception as e:  # noqa: BLE001 - kept for the server to report; the engine stays eager
+                self.error = e
+            finally:
+                sys.setswitchinterval(interval)
+
+        thread = threading.Thread(target=compile_all, name="compile", daemon=True)
+        thread.start()
+        return thread
 
 
 class ModelRunner:

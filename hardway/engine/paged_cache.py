@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from hardway.loading import CausalLM
@@ -44,6 +46,14 @@ class PagedKVCache:
         probe = model.new_kv_cache(1, 1)  # lesson 08's cache, one position: it knows the model's shapes
         return cls(probe.n_layers, n_blocks, block_size, probe.n_kv_heads, probe.head_dim, probe.k.dtype,
                    probe.k.device, sliding_layers, n_sliding_blocks)
+
+    def scratch_twin(self) -> PagedKVCache:
+        """A pool of the same type and shapes whose slots hold garbage, for compiling a step while this one is in
+        use (CompiledDecode.compile_in_background): `bind` and `update` on the twin leave this pool as it is. Its
+        memory is allocated, not written: the pages nobody touches are never given to the process."""
+        twin = copy.copy(self)  # every setting shared; the pools, and what bind() sets, its own
+        twin.k, twin.v = [torch.empty_like(t) for t in self.k], [torch.empty_like(t) for t in self.v]
+        return twin
 
     def bytes_per_block(self, sliding: bool = False) -> int:
         """The bytes one block of the full layers' pool (or the sliding layers') holds: keys and values of

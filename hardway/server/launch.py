@@ -19,6 +19,7 @@ import uvicorn
 from hardway.engine.engine import Engine
 from hardway.loading import open_model
 from hardway.server.app import create_app
+from hardway.server.tools import lower_priority
 from hardway.server.worker import EngineThread
 from hardway.text.chat import ChatTemplateError
 
@@ -105,8 +106,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     get `grace_s` seconds to finish, and those still open are ended with an error (see _Server); a second signal
     ends sooner. `max_step_tokens`: the tokens one engine step computes at most (a longer prompt is prefilled in
     chunks). `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson 15's
-    PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, before the server
-    listens. `kv_cache_dtype`: "int8" for an int8 KV cache (lesson 24), None or "auto" for the model's dtype.
+    PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, in the background while
+    the server answers (eager steps until each size is ready; /stats lists them). `kv_cache_dtype`: "int8" for an int8 KV cache (lesson 24), None or "auto" for the model's dtype.
     `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget; None: its defaults)."""
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
@@ -125,13 +126,17 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
         model = source.load(device=device, dtype=dtype or torch.float32)
         blocks = n_blocks if n_blocks is not None else max_batch * -(-min(model.max_seq_len, 512) // block_size)
         return engine_class(model, tokenizer, n_blocks=blocks, block_size=block_size, max_batch=max_batch,
-                            max_step_tokens=max_step_tokens, compile_sizes=compile_sizes, kv_cache_dtype=kv_cache_dtype)
+                            max_step_tokens=max_step_tokens, compile_sizes=compile_sizes, kv_cache_dtype=kv_cache_dtype,
+                            background_compile=True)
 
-    # No tensor is ever computed in this thread: the model loads (and the decode steps compile) in a thread of their
-    # own that then ends, and the engine thread computes everything after (lesson 14, "One thread computes"). With
-    # n_blocks None: room for max_batch sequences of 512 positions (or the context, if shorter).
+    # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
+    # steps compile in another (at a lower priority, ending when they are compiled), and the engine thread computes
+    # everything else (lesson 14, "One thread computes"). With n_blocks None: room for max_batch sequences of 512
+    # positions (or the context, if shorter).
     engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
+    if engine.runner.decode is not None:
+        engine.runner.decode.compile_in_background(initializer=lower_priority)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _Server(config, app.state.worker, grace_s).run()
     if app.state.worker.thread.is_alive():

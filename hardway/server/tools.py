@@ -192,16 +192,16 @@ def constrain(structured: Structured, params, tokenizer, eos_ids: list[int], bud
     params.constraints = (partial(ConstrainedLogits, automaton),)
 
 
-GRAMMAR_NICE = 10  # the grammar thread's nice value (Linux): below the engine's 0, far from the idle class's 19
+BACKGROUND_NICE = 10  # the grammar and compile threads' nice value (Linux): below the engine's 0, far from idle's 19
 
 
 def lower_priority() -> None:
-    """The calling thread's scheduling priority lowered to GRAMMAR_NICE (on Linux, where a thread is a task with a
-    nice value of its own; elsewhere nothing): while the engine's torch operations keep the cores busy a compile waits
-    for them, and when the cores are free it runs at full speed. Its budget counts CPU time, not the time it waited."""
+    """The calling thread's scheduling priority lowered to BACKGROUND_NICE (on Linux, where a thread is a task with a
+    nice value of its own; elsewhere nothing): while the engine's torch operations keep the cores busy a compile (a
+    grammar's, or the decode steps') waits for them, and when the cores are free it runs at full speed. Its budget counts CPU time, not the time it waited."""
     if sys.platform.startswith("linux"):
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), GRAMMAR_NICE)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         except OSError:
             pass  # a system that refuses it: the compile runs at the engine's priority
 

@@ -105,7 +105,18 @@ class EngineThread:
                 "aborted": e.n_aborted, "prefix_cache": e.blocks.caches_prefixes,  # lesson 15
                 "prefix_cache_hit_tokens": hits, "prefix_cache_miss_tokens": misses,
                 "prefix_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
-                **self.sliding_stats()}
+                **self.sliding_stats(), **self.compile_stats()}
+
+    def compile_stats(self) -> dict:
+        """The compiled decode steps' batch sizes, those ready and those still compiling (none once a compile
+        failed: its error is given, and those sizes stay eager); nothing for an engine that compiles none."""
+        decode = self.engine.runner.decode
+        if decode is None:
+            return {}
+        ready = sorted(decode.ready)
+        pending = [] if decode.error is not None else [b for b in decode.batch_sizes if b not in ready]
+        return {"compiled_batch_sizes": ready, "compiling_batch_sizes": pending,
+                "compile_error": None if decode.error is None else f"{type(decode.error).__name__}: {decode.error}"}
 
     def sliding_stats(self) -> dict:
         """The sliding layers' own pool (lesson 15), for a model that has one: its blocks, and how many are free."""
