@@ -10,7 +10,9 @@ compiling) and --after more answers have come. It reports: the seconds until the
 answer, until every size is compiled; the answers' tokens/s while compiling and after; whether every answer is the
 same text (a request served across the switch from eager to compiled steps must not change); and the process's
 peak resident memory (VmHWM). Each start runs twice, with one cache folder: the first start compiles from nothing (a
-fresh $XDG_CACHE_HOME), the second reads back what inductor kept on disk. --json appends the figures to a file.
+fresh $XDG_CACHE_HOME), the second reads back what inductor kept on disk. --peer starts another server the same way
+after them (llama.cpp's llama-server on the same .gguf: it listens while it loads, answering 503, so its first answer
+is what counts). --json appends the figures to a file.
 """
 
 from __future__ import annotations
@@ -41,29 +43,35 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def one_start(model: str, flags: list[str], cache_home: str, max_tokens: int, after: int, timeout_s: float) -> dict:
+def one_start(model: str, flags: list[str], cache_home: str, max_tokens: int, after: int, timeout_s: float,
+              peer: str | None = None) -> dict:
+    """Start `hardway serve` (or, with `peer`, that shell command, its "{port}" filled in) and time it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "XDG_CACHE_HOME": cache_home}
     env.pop("HARDWAY_EAGER", None)  # the server as a user starts it
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
-                             "serve", "--model", model, "--port", str(port), *flags], env=env,
-                             stderr=subprocess.DEVNULL)
+    command = (["bash", "-c", f"exec {peer.format(port=port)}"] if peer else
+               [sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
+                "serve", "--model", model, "--port", str(port), *flags])
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     listening = compiled = None
     answers = []  # (seconds since start at the end, seconds it took, tokens, text, compiling when it was sent)
     try:
         with httpx.Client(timeout=600) as client:
             while time.perf_counter() - start < timeout_s:
                 if proc.poll() is not None:
-                    raise SystemExit(f"hardway serve exited with {proc.returncode}")
+                    raise SystemExit(f"the server exited with {proc.returncode}")
                 try:
-                    stats = client.get(f"{url}/stats", timeout=2).json()
+                    ok = client.get(f"{url}/v1/models", timeout=2).status_code == 200
                 except httpx.TransportError:
+                    ok = False
+                if not ok:  # not listening yet, or (llama-server) still loading
                     time.sleep(0.1)
                     continue
                 now = time.perf_counter() - start
                 listening = listening if listening is not None else now
+                stats = {} if peer else client.get(f"{url}/stats", timeout=2).json()
                 if stats.get("compile_error"):
                     raise SystemExit(f"the decode steps did not compile: {stats['compile_error']}")
                 compiling = bool(stats.get("compiling_batch_sizes"))
@@ -72,9 +80,13 @@ def one_start(model: str, flags: list[str], cache_home: str, max_tokens: int, af
                 if (compiled is not None and sum(not a[4] for a in answers) >= after) or (answers and after == 0):
                     break
                 sent = time.perf_counter()
-                body = client.post(f"{url}/v1/completions", json={"model": model, "prompt": PROMPT,
-                                                                   "max_tokens": max_tokens, "temperature": 0}).json()
+                response = client.post(f"{url}/v1/completions", json={"model": model, "prompt": PROMPT,
+                                                                       "max_tokens": max_tokens, "temperature": 0})
                 done = time.perf_counter()
+                if response.status_code != 200:  # llama-server: 503 while its model loads
+                    time.sleep(0.1)
+                    continue
+                body = response.json()
                 answers.append((done - start, done - sent, body["usage"]["completion_tokens"],
                                 body["choices"][0]["text"], compiling))
         peak = peak_rss_mb(proc.pid)
@@ -105,15 +117,20 @@ def main() -> None:
     parser.add_argument("--after", type=int, default=5, help="answers to wait for once everything is compiled (0: stop "
                         "at the first answer, compiled or not)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a start may take, compile included")
+    parser.add_argument("--peer", action="append", default=[], metavar="LABEL=COMMAND",
+                        help="also start another server the same way: a shell command with {port} where its port "
+                             "goes, e.g. 'llama-server=/path/llama-server -m FILE.gguf --port {port} -t 2'")
     parser.add_argument("--json", type=Path, help="append the figures to this file")
     args = parser.parse_args()
     print(f"hardway serve --model {args.model} {args.flags}; {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f} at the start")
     results = {}
+    starts = [("first start", None), ("second start", None)] + [(f"{label}", cmd) for label, cmd in
+                                                                (p.split("=", 1) for p in args.peer)]
     with tempfile.TemporaryDirectory() as cache_home:
-        for name in ("first start", "second start"):
+        for name, peer in starts:
             r = results[name] = one_start(args.model, args.flags.split(), cache_home, args.max_tokens, args.after,
-                                          args.timeout)
+                                          args.timeout, peer)
             during = ("" if r["tok_s_while_compiling"] is None else f", {r['answers_while_compiling']} answers "
                       f"while compiling at {r['tok_s_while_compiling']:.1f} tok/s")
             after = "" if r["tok_s_after"] is None else f", {r['tok_s_after']:.1f} tok/s after"

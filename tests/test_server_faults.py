@@ -381,8 +381,13 @@ def test_sigterm_ends_every_stream_with_an_error_event_then_done(tmp_path):
             server.url + "/v1/completions", timeout=60,
             json={"model": SMOLLM2, "prompt": HELLO, "max_tokens": 6, "temperature": 0})))
         short_client.start()
-        while sum(httpx.get(server.url + "/stats", timeout=10).json()[k] for k in ("running", "waiting")) < 5:
-            time.sleep(0.01)  # the short request is in the engine: the signal comes while it runs
+        deadline = time.monotonic() + 120
+        # The short request is in the engine: the signal comes while it runs. A loaded machine may answer it between
+        # two looks at /stats: then the signal comes after it, and the checks below still hold; never wait forever.
+        while "r" not in short and sum(httpx.get(server.url + "/stats", timeout=10).json()[k]
+                                       for k in ("running", "waiting")) < 5:
+            assert time.monotonic() < deadline, "the short request neither reached the engine nor finished in 120 s"
+            time.sleep(0.01)
         signalled = time.perf_counter()
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
