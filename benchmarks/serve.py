@@ -54,12 +54,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_hardway(model: str, port: int, flags: list[str], compiled: bool = True) -> subprocess.Popen:
-    """`hardway serve --model MODEL --port PORT FLAGS...`, once it answers /v1/models and, with `compiled`, once
-    its decode steps have compiled (it serves eagerly while they compile: a benchmark measures the server as it
-    runs from then on)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
-                             "serve", "--model", model, "--port", str(port), *flags], stderr=subprocess.DEVNULL)
+def hardway_serve(model: str, port: int, flags: list[str]) -> list[str]:
+    """The command line of `hardway serve --model MODEL --port PORT FLAGS...` in this interpreter."""
+    return [sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
+            "serve", "--model", model, "--port", str(port), *flags]
+
+
+def start_hardway(model: str, port: int, flags: list[str]) -> subprocess.Popen:
+    """`hardway serve --model MODEL --port PORT FLAGS...`, once its decode steps have compiled (it answers
+    eagerly while they compile: a benchmark measures the server as it runs from then on)."""
+    proc = subprocess.Popen(hardway_serve(model, port, flags), stderr=subprocess.DEVNULL)
     deadline = time.time() + 900
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -68,7 +72,7 @@ def start_hardway(model: str, port: int, flags: list[str], compiled: bool = True
             stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).raise_for_status().json()
             if stats.get("compile_error"):
                 raise SystemExit(f"hardway serve's decode steps did not compile: {stats['compile_error']}")
-            if not compiled or not stats.get("compiling_batch_sizes"):
+            if not stats.get("compiling_batch_sizes"):
                 return proc
         except httpx.TransportError:
             pass

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve import free_port  # noqa: E402
+from serve import free_port, hardway_serve  # noqa: E402
 
 PROMPT = "The three most useful things to know about the moon are"
 
@@ -51,9 +51,7 @@ def one_start(model: str, flags: list[str], cache_home: str, max_tokens: int, af
     env = {**os.environ, "XDG_CACHE_HOME": cache_home}
     env.pop("HARDWAY_EAGER", None)  # the server as a user starts it
     start = time.perf_counter()
-    command = (["bash", "-c", f"exec {peer.format(port=port)}"] if peer else
-               [sys.executable, "-c", "import sys; from hardway.cli import main; sys.exit(main())",
-                "serve", "--model", model, "--port", str(port), *flags])
+    command = ["bash", "-c", f"exec {peer.format(port=port)}"] if peer else hardway_serve(model, port, flags)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     listening = compiled = None
     answers = []  # (seconds since start at the end, seconds it took, tokens, text, compiling when it was sent)
@@ -125,8 +123,7 @@ def main() -> None:
     print(f"hardway serve --model {args.model} {args.flags}; {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f} at the start")
     results = {}
-    starts = [("first start", None), ("second start", None)] + [(f"{label}", cmd) for label, cmd in
-                                                                (p.split("=", 1) for p in args.peer)]
+    starts = [("first start", None), ("second start", None)] + [tuple(p.split("=", 1)) for p in args.peer]
     with tempfile.TemporaryDirectory() as cache_home:
         for name, peer in starts:
             r = results[name] = one_start(args.model, args.flags.split(), cache_home, args.max_tokens, args.after,

@@ -107,7 +107,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     ends sooner. `max_step_tokens`: the tokens one engine step computes at most (a longer prompt is prefilled in
     chunks). `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson 15's
     PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, in the background while
-    the server answers (eager steps until each size is ready; /stats lists them). `kv_cache_dtype`: "int8" for an int8 KV cache (lesson 24), None or "auto" for the model's dtype.
+    the server answers (eager steps until each size is ready; /stats lists them). `kv_cache_dtype`: "int8" for an
+    int8 KV cache (lesson 24), None or "auto" for the model's dtype.
     `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget; None: its defaults)."""
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds

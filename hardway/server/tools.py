@@ -198,7 +198,8 @@ BACKGROUND_NICE = 10  # the grammar and compile threads' nice value (Linux): bel
 def lower_priority() -> None:
     """The calling thread's scheduling priority lowered to BACKGROUND_NICE (on Linux, where a thread is a task with a
     nice value of its own; elsewhere nothing): while the engine's torch operations keep the cores busy a compile (a
-    grammar's, or the decode steps') waits for them, and when the cores are free it runs at full speed. Its budget counts CPU time, not the time it waited."""
+    grammar's, or the decode steps') waits for them, and when the cores are free it runs at full speed. A grammar's
+    budget counts CPU time, not the time it waited."""
     if sys.platform.startswith("linux"):
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
