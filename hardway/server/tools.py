@@ -193,6 +193,7 @@ def constrain(structured: Structured, params, tokenizer, eos_ids: list[int], bud
 
 
 BACKGROUND_NICE = 10  # the grammar and compile threads' nice value (Linux): below the engine's 0, far from idle's 19
+GRAMMAR_NICE = BACKGROUND_NICE  # its earlier name, kept for code that imports it
 
 
 def lower_priority() -> None:
