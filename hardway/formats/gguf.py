@@ -339,10 +339,12 @@ def gguf_config(path) -> dict:
     return table.config(file.metadata, arch, set(file.tensors))
 
 
-def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32) -> Checkpoint:
+def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, placeholders=()) -> Checkpoint:
     """A GGUF as a `Checkpoint` (lesson 06): config from its metadata, every tensor dequantized to fp32 under its hub
     name, with what the converter changed undone (llama's q/k row order, Gemma's 1 + w norms, Qwen3-MoE's gate and
-    up experts joined), then cast to `dtype` on `device`."""
+    up experts joined), then cast to `dtype` on `device`. `placeholders`: the file's names of tensors not to read;
+    each gets an uninitialized tensor of its shape, which costs no memory until written (lesson 26 puts the
+    file's blocks in their place)."""
     file = read_gguf(path)
     arch, table = architecture(file)
     config = table.config(file.metadata, arch, set(file.tensors))
@@ -351,6 +353,9 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32) -> C
     tensors, halves = {}, {}
     for name in file.tensors:
         hub, kind = hub_name(name, arch), name.split(".")[-2]  # kind: "attn_q", "ffn_up_exps", "token_embd"...
+        if name in placeholders:
+            tensors[hub] = torch.empty(file.tensors[name].shape, device=device, dtype=dtype)
+            continue
         w = dequantize(file, name)
         suffix = hub.split(".", 3)[-1]  # "self_attn.q_proj.weight" in a layer
         if table.permute_qk and suffix in heads:

@@ -68,6 +68,15 @@ def compile_c(source: str, name: str, flags=C_FLAGS) -> Path | None:
     return lib
 
 
+def open_c_library(source: str, name: str) -> ctypes.CDLL | None:
+    """compile_c's library of `source`, opened by ctypes; None without a working C compiler (none, or a failed build)."""
+    try:
+        lib = compile_c(source, name)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return None if lib is None else ctypes.CDLL(str(lib))
+
+
 C_SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
@@ -290,13 +299,9 @@ void matvec_int4(const float *x, long n, const uint8_t *const *p, const _Float16
 @cache
 def c_library() -> ctypes.CDLL | None:
     """The compiled loops (compile_c of C_SOURCE), or None without a working compiler."""
-    try:
-        lib = compile_c(C_SOURCE, "matvec")
-    except (OSError, subprocess.CalledProcessError):
+    c = open_c_library(C_SOURCE, "matvec")
+    if c is None:
         return None
-    if lib is None:
-        return None
-    c = ctypes.CDLL(str(lib))
     p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     c.matvec_int8.argtypes = [p, n, p, p, p, p, n, n, i, i]
     c.matvec_int4.argtypes = [p, n, p, p, p, p, p, n, n, i, i]

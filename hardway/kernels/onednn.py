@@ -118,6 +118,11 @@ class MergedMLP(MLP):
         return self.down_proj(F.silu(gate) * up)  # (B, T, C)
 
 
+def mergeable(module: nn.Module) -> bool:
+    """Lesson 09's attention or MLP with plain nn.Linear projections (a GGUF's blocks, lesson 26, are not: they stay)."""
+    return type(module) in (Attention, MLP) and all(type(child) is nn.Linear for child in module.children())
+
+
 def with_onednn_linears(model: nn.Module) -> nn.Module:
     """A twin of `model` for the engine, sharing every parameter and buffer: lesson 09's attention and MLP become
     MergedAttention and MergedMLP, every other nn.Linear a OneDNNLinear. Each oneDNN matrix is a packed copy of its
@@ -125,12 +130,12 @@ def with_onednn_linears(model: nn.Module) -> nn.Module:
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     twin = copy.deepcopy(model, memo=shared)  # the modules copied, the tensors in `shared` not
     for module in list(twin.modules()):  # as they were before this loop: the merged ones made here are not visited
-        if type(module) in (Attention, MLP):
+        if mergeable(module):
             continue  # replaced whole by its parent's turn
         for name, child in list(module.named_children()):
-            if type(child) is Attention:
+            if mergeable(child) and type(child) is Attention:
                 setattr(module, name, MergedAttention(child))
-            elif type(child) is MLP:
+            elif mergeable(child):
                 setattr(module, name, MergedMLP(child))
             elif type(child) is nn.Linear:
                 setattr(module, name, OneDNNLinear(child))

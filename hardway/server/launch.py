@@ -17,6 +17,7 @@ import torch
 import uvicorn
 
 from hardway.engine.engine import Engine
+from hardway.kernels.gguf_layers import load_gguf_blocks
 from hardway.loading import open_model
 from hardway.server.app import create_app
 from hardway.server.tools import lower_priority
@@ -100,7 +101,7 @@ def in_a_thread_of_its_own(fn):
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
           block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
           grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine,
-          compile_sizes=(), kv_cache_dtype: str | None = None, grammar_budget=None) -> None:
+          compile_sizes=(), kv_cache_dtype: str | None = None, grammar_budget=None, gguf_blocks: bool = False) -> None:
     """Load a model and serve it until SIGINT/SIGTERM. `model_id`: anything `open_model` takes (a hub id, a folder,
     a .gguf file), or its ModelSource; /v1/models lists it under the name as given. On a signal, running requests
     get `grace_s` seconds to finish, and those still open are ended with an error (see _Server); a second signal
@@ -109,7 +110,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, in the background while
     the server answers (eager steps until each size is ready; /stats lists them). `kv_cache_dtype`: "int8" for an
     int8 KV cache (lesson 24), None or "auto" for the model's dtype.
-    `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget; None: its defaults)."""
+    `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget; None: its defaults).
+    `gguf_blocks`: a .gguf model loaded by lesson 26's load_gguf_blocks, its quantized matrices kept in their blocks."""
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
@@ -124,7 +126,10 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
         chat = None  # a base model: /v1/completions only
 
     def build_engine() -> Engine:
-        model = source.load(device=device, dtype=dtype or torch.float32)
+        if gguf_blocks:  # lesson 26
+            model = load_gguf_blocks(source.path)
+        else:
+            model = source.load(device=device, dtype=dtype or torch.float32)
         blocks = n_blocks if n_blocks is not None else max_batch * -(-min(model.max_seq_len, 512) // block_size)
         return engine_class(model, tokenizer, n_blocks=blocks, block_size=block_size, max_batch=max_batch,
                             max_step_tokens=max_step_tokens, compile_sizes=compile_sizes, kv_cache_dtype=kv_cache_dtype,

@@ -1,0 +1,158 @@
+"""A GGUF run as it is stored (lesson 26's load_gguf_blocks) against the same file dequantized to fp32 (lesson 16's
+hardway.load) and against llama.cpp on the same file, side by side in one run: one stream, greedy, tokens per second,
+bytes read per token, the model's resident memory; optionally (--kl) top-1 agreement and KL divergence of the
+next-token distributions against transformers' reading of the file.
+
+    uv run python benchmarks/gguf_blocks.py
+    uv run python benchmarks/gguf_blocks.py --llama-bench PEER_BUILD/bin/llama-bench --kl
+
+Both hardway rows decode with lesson 12's compiled static-shape step (--eager: lesson 08's eager loop too), the same
+prompt ids, a warm-up, then interleaved repetitions (medians); llama.cpp's row is its own `llama-bench -p 0 -n N
+-t THREADS` (text generation after an empty prompt), run between the same repetitions. The read bandwidth (a 1 GiB
+sum) is sampled in the same rounds. Memory: the process's resident set after loading and decoding, less what it was
+before loading (torch itself is about half a gigabyte), in a fresh process per path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.decode import prompt_ids  # noqa: E402
+from hardway.decode.generate import generate  # noqa: E402
+from hardway.decode.static import StaticDecodeStep  # noqa: E402
+from hardway.formats.gguf import gemma3_gguf, read_gguf  # noqa: E402
+from hardway.formats.hub import models_dir  # noqa: E402
+from hardway.kernels.gguf_blocks import gguf_kernel  # noqa: E402
+from hardway.kernels.gguf_layers import load_gguf_blocks  # noqa: E402
+from hardway.loading import load, open_model  # noqa: E402
+
+LOADERS = {"fp32 (hardway.load)": load, "blocks (load_gguf_blocks)": load_gguf_blocks}
+
+
+def resident_mb() -> float:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1e3
+
+
+def memory_child(loader: str, path: str, n: int) -> None:
+    """In a fresh process: load with `loader`, decode n tokens, print the resident growth in MB as JSON."""
+    before = resident_mb()
+    model = LOADERS[loader](path)
+    generate(model, torch.tensor([[2, 818, 5279]]), max_new_tokens=n, do_sample=False)
+    print(json.dumps({"resident_mb": resident_mb() - before}))
+
+
+def resident_growth(loader: str, path: Path, n: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--memory-child", loader, "--model", str(path), "--new-tokens",
+                          str(n)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["resident_mb"]
+
+
+def llama_bench(binary: str, path: Path, n: int, threads: int) -> float:
+    env = {**os.environ, "LD_LIBRARY_PATH": str(Path(binary).parent)}
+    out = subprocess.run([binary, "-m", str(path), "-t", str(threads), "-p", "0", "-n", str(n), "-r", "1", "-o", "json"],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    return float(json.loads(out[out.index("["):])[0]["avg_ts"])
+
+
+@torch.inference_mode()
+def agreement(model, reference_logp: torch.Tensor, ids: torch.Tensor) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(transformers || model)) over the positions of ids."""
+    logp = model(ids).log_softmax(-1)  # (1, T, V)
+    kl = (reference_logp.exp() * (reference_logp - logp)).sum(-1)  # (1, T)
+    return (logp.argmax(-1) == reference_logp.argmax(-1)).float().mean().item(), kl.mean().item()
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a GGUF (default: Gemma 3 270M Q4_K_M from the models folder)")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eager", action="store_true", help="also time lesson 08's eager loop on both")
+    parser.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench, built outside the repository")
+    parser.add_argument("--kl", action="store_true", help="top-1 and KL against transformers on --kl-tokens tokens")
+    parser.add_argument("--kl-tokens", type=int, default=512)
+    parser.add_argument("--memory-child", metavar="LOADER", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    path = args.model or gemma3_gguf(models_dir() / "gguf")
+    if args.memory_child:
+        memory_child(args.memory_child, str(path), args.new_tokens)
+        return {}
+    source = open_model(path)
+    ids = prompt_ids(source, args.prompt_tokens)  # (1, T)
+    n = args.new_tokens
+    models = {label: loader(path) for label, loader in LOADERS.items()}
+    runs = {}
+    for label, model in models.items():
+        step = StaticDecodeStep(model, max_len=ids.shape[1] + n)
+        runs[f"{label}, compiled step"] = lambda step=step: step.generate(ids, n, eos_token_id=None)
+        if args.eager:
+            runs[f"{label}, eager"] = lambda model=model: generate(model, ids, max_new_tokens=n, eos_token_id=[])
+    if args.llama_bench:
+        runs["llama.cpp (llama-bench)"] = None
+    outputs = {label: run() for label, run in runs.items() if run is not None}  # warm-up: compiles each step
+    read_buffer = torch.ones(2**30 // 4)  # 1 GiB: the read bandwidth in the same rounds
+    rates, bandwidths = {label: [] for label in runs}, []
+    for _ in range(args.reps):
+        for label, run in runs.items():
+            if run is None:
+                rates[label].append(llama_bench(args.llama_bench, path, n, args.threads))
+                continue
+            start = time.perf_counter()
+            run()
+            rates[label].append(n / (time.perf_counter() - start))
+        start = time.perf_counter()
+        read_buffer.sum()
+        bandwidths.append(read_buffer.nbytes / (time.perf_counter() - start))
+    file = read_gguf(path)
+    stored = sum(info.n_bytes for info in file.tensors.values())
+    fp32 = sum(4 * info.n_elements for info in file.tensors.values())
+    read_per_token = {"fp32": fp32, "blocks": stored, "llama.cpp": stored}
+    bandwidth = statistics.median(bandwidths)
+    print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB; {args.threads} threads; {n} new tokens after "
+          f"{ids.shape[1]}; kernel: {gguf_kernel()}; read bandwidth (a 1 GiB sum, same rounds) {bandwidth / 1e9:.1f} GB/s")
+    llama = statistics.median(rates["llama.cpp (llama-bench)"]) if args.llama_bench else None
+    table = {}
+    print(f"{'':44} {'tok/s':>7} {'MB/token':>9} {'GB/s':>6} {'vs llama.cpp':>12}")
+    for label in runs:
+        rate = statistics.median(rates[label])
+        mb = read_per_token[next(k for k in read_per_token if label.startswith(k))] / 1e6
+        ratio = f"{rate / llama:.2f}x" if llama else "-"
+        table[label] = {"tok_s": rate, "mb_per_token": mb, "vs_llama_cpp": rate / llama if llama else None}
+        print(f"{label:44} {rate:7.1f} {mb:9.0f} {rate * mb / 1e3:6.1f} {ratio:>12}")
+    compiled = [label for label in outputs if label.endswith("compiled step")]
+    same = next((i for i, (a, b) in enumerate(zip(*(outputs[c][0, ids.shape[1]:] for c in compiled))) if a != b), n)
+    print(f"greedy tokens: the blocks' first {same} of {n} equal fp32's")
+    for label, loader in LOADERS.items():
+        growth = resident_growth(label, path, 8)
+        table[label.split(" ")[0] + " resident"] = growth
+        print(f"resident memory, {label}: {growth:.0f} MB ({growth * 1e6 / path.stat().st_size:.2f}x the file)")
+    if args.kl:
+        from hardway.verify.ritual import load_reference
+
+        corpus = prompt_ids(source, args.kl_tokens)
+        with torch.inference_mode():
+            reference = load_reference(path)(corpus).logits.log_softmax(-1)  # (1, T, V)
+        for label, model in models.items():
+            top1, kl = agreement(model, reference, corpus)
+            table[label + " vs transformers"] = {"top1": top1, "kl": kl}
+            print(f"{label} against transformers, {args.kl_tokens} tokens: top-1 {100 * top1:.1f}%, KL {kl:.2e}")
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Lesson 26's kernel and loader: a GGUF's matrices multiplied as the file stores them. The operator is called by
+its name, torch.ops.hardway.gguf_matmul, as the package calls it (tests/test_custom_ops.py says why).
+
+The kernel's reference is the blocks' arithmetic written in torch (dequantize, multiply by the rounded row); the
+loaded model's reference is lesson 16's exact reading of the same file (which matches transformers, test_gguf and
+test_gemma3_file): rounding the activations moves the predictions a little, never far."""
+
+import ctypes
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+import hardway.kernels.gguf_blocks as gguf_blocks
+import hardway.server.launch as server_module
+from hardway import cli
+from hardway.decode.generate import generate
+from hardway.engine.engine import Engine
+from hardway.engine.sequence import SamplingParams
+from hardway.formats.gguf import GGUFError, gemma3_gguf, read_gguf, smollm2_gguf
+from hardway.formats.gguf_quants import TENSOR_TYPES
+from hardway.course import STANDIN_ID
+from hardway.formats.hub import checkpoint, models_dir, shakespeare_path
+from hardway.kernels.c_loops import C_FLAGS, compile_c
+from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS, gguf_matmul_torch
+from hardway.kernels.gguf_layers import GGUFEmbedding, GGUFLinear, load_gguf_blocks
+from hardway.loading import load, open_model
+from hardway.server.launch import background_server
+
+SCALES_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2],
+             "Q6_K": [208]}  # where each block keeps its fp16 numbers
+
+
+def random_blocks(type_name: str, out_features: int, in_features: int, generator) -> torch.Tensor:
+    """Random bytes in the layout of `type_name`, (out, bytes a row), the fp16 scales between 0.001 and 0.02."""
+    _, per, nbytes = TENSOR_TYPES[TYPE_IDS[type_name]]
+    n = out_features * in_features // per
+    raw = torch.randint(0, 256, (n, nbytes), dtype=torch.uint8, generator=generator)  # (n_blocks, bytes a block)
+    for at in SCALES_AT[type_name]:
+        raw[:, at:at + 2] = (0.001 + 0.019 * torch.rand(n, 1, generator=generator)).half().view(torch.uint8)
+    return raw.reshape(out_features, -1)
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((ours - reference).abs().max() / reference.abs().max()).item()
+
+
+@pytest.mark.parametrize("type_name", KERNEL_TYPES)
+def test_each_type_matches_the_blocks_arithmetic(type_name):
+    generator = torch.Generator().manual_seed(TYPE_IDS[type_name])
+    blocks = random_blocks(type_name, 24, 768, generator)  # (24, bytes a row): 768 = three K-quant super-blocks
+    for rows in (1, 5):  # one decoded token; a short prompt
+        x = torch.randn(rows, 768, generator=generator)  # (rows, 768)
+        reference = gguf_matmul_torch(x, blocks, type_name)  # (rows, 24)
+        assert relative_error(torch.ops.hardway.gguf_matmul.default(x, blocks, TYPE_IDS[type_name]), reference) < 1e-5
+        # the rounding is part of the arithmetic: against the unrounded row the answer differs measurably
+        exact = x @ gguf_blocks.DEQUANTIZE[type_name](blocks.reshape(-1)).reshape(24, 768).T  # (rows, 24)
+        assert relative_error(reference, exact) > 1e-5
+
+
+def test_the_plain_build_without_vector_instructions_agrees():
+    """The C file's plain loops (a CPU without AVX512-VNNI) compute what its vector path computes."""
+    flags = [flag for flag in C_FLAGS if not flag.startswith("-march")]
+    lib_path = compile_c(gguf_blocks.C_SOURCE, "gguf_blocks_plain", flags)
+    if lib_path is None:
+        pytest.skip("no C compiler")
+    lib = ctypes.CDLL(str(lib_path))
+    assert lib.vnni() == 0
+    p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.gguf_matmul.argtypes = [p, n, n, p, i, n, p, i]
+    generator = torch.Generator().manual_seed(1)
+    for type_name in KERNEL_TYPES:
+        blocks = random_blocks(type_name, 8, 512, generator)  # (8, bytes a row)
+        x = torch.randn(2, 512, generator=generator)  # (2, 512)
+        y = torch.empty(2, 8)  # (2, 8)
+        assert lib.gguf_matmul(x.data_ptr(), 2, 512, blocks.data_ptr(), TYPE_IDS[type_name], 8, y.data_ptr(), 1) == 0
+        assert relative_error(y, gguf_matmul_torch(x, blocks, type_name)) < 1e-5, type_name
+
+
+def test_without_a_compiler_torch_computes_it(monkeypatch):
+    monkeypatch.setattr(gguf_blocks, "gguf_library", lambda: None)
+    assert gguf_blocks.gguf_kernel() == "torch"
+    generator = torch.Generator().manual_seed(2)
+    blocks = random_blocks("Q4_K", 6, 256, generator)  # (6, bytes a row)
+    x = torch.randn(1, 256, generator=generator)  # (1, 256)
+    assert torch.equal(GGUFLinear(blocks, "Q4_K", 256)(x), gguf_matmul_torch(x, blocks, "Q4_K"))
+
+
+def test_bad_blocks_are_refused_in_one_line():
+    blocks = torch.zeros(4, 34, dtype=torch.uint8)  # (4, 34): one Q8_0 block a row
+    with pytest.raises(GGUFError, match="Q2_K blocks are not multiplied as they are"):
+        GGUFLinear(blocks, "Q2_K", 32)
+    if gguf_blocks.gguf_library() is not None:  # the C kernel checks the row's length against the blocks
+        with pytest.raises(GGUFError, match="Q8_0 rows of 64 weights are 68 bytes, these are 34"):
+            torch.ops.hardway.gguf_matmul.default(torch.randn(1, 64), blocks, TYPE_IDS["Q8_0"])
+
+
+def agreement(blocks_model, exact_model, ids) -> tuple[float, float]:
+    """Top-1 agreement and mean KL(exact || blocks) of the next-token distributions at every position of `ids`."""
+    with torch.inference_mode():
+        reference = exact_model(ids).log_softmax(-1)  # (1, T, V)
+        logp = blocks_model(ids).log_softmax(-1)  # (1, T, V)
+    kl = (reference.exp() * (reference - logp)).sum(-1)  # (1, T)
+    return (logp.argmax(-1) == reference.argmax(-1)).float().mean().item(), kl.mean().item()
+
+
+def text_ids(path, n: int) -> torch.Tensor:
+    tokenizer = open_model(path).tokenizer()
+    return torch.tensor([tokenizer.encode(shakespeare_path().read_text(encoding="utf-8")[:2000])[:n]])  # (1, n)
+
+
+def test_gemma3_q4_k_m_keeps_its_blocks_and_its_predictions():
+    path = gemma3_gguf(models_dir() / "gguf")
+    model = load_gguf_blocks(path)
+    assert [name for name, p in model.named_parameters() if p.dim() >= 2] == []  # no fp32 matrix left
+    assert isinstance(model.tok_emb, GGUFEmbedding) and model.lm_head.blocks is model.tok_emb.blocks  # tied: one copy
+    file = read_gguf(path)
+    assert model.blocks[0].mlp.down_proj.type_name == file.tensors["blk.0.ffn_down.weight"].type_name
+    top1, kl = agreement(model, load(path), text_ids(path, 96))
+    assert top1 >= 0.95 and kl < 0.01, (top1, kl)
+
+
+@pytest.fixture(scope="module")
+def smollm2_blocks(tmp_path_factory):
+    path = smollm2_gguf(tmp_path_factory.mktemp("gguf"))
+    return path, load_gguf_blocks(path)
+
+
+def test_smollm2_q4_1_with_the_converters_row_order(smollm2_blocks):
+    """A llama file: q and k rows stored permuted, put back in transformers' order (whole rows of blocks)."""
+    path, model = smollm2_blocks
+    assert model.blocks[0].attn.q_proj.type_name == "Q4_1"
+    top1, kl = agreement(model, load(path), text_ids(path, 96))
+    assert top1 >= 0.95 and kl < 0.01, (top1, kl)
+
+
+def test_the_engine_serves_a_model_on_its_blocks(smollm2_blocks):
+    """The engine's twin of the model keeps the blocks (no oneDNN copy of them), and its greedy tokens are
+    generate()'s on the same model."""
+    path, model = smollm2_blocks
+    tokenizer = open_model(path).tokenizer()
+    engine = Engine(model, tokenizer, n_blocks=32, block_size=16, max_batch=2)
+    runner_model = engine.runner.model
+    assert isinstance(runner_model.blocks[0].attn.q_proj, GGUFLinear)
+    prompts = [tokenizer.encode("The capital of France is"), tokenizer.encode("One, two, three,")]
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[]))
+    for seq, prompt in zip(seqs, prompts):
+        alone = generate(model, torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
+        assert seq.output_ids == alone.tolist()
+
+
+def recording(monkeypatch, module, model) -> list:
+    """Replaces `module.load_gguf_blocks` by one that hands back `model` (already loaded) and records its path."""
+    calls = []
+
+    def loader(path):
+        calls.append(Path(path))
+        return model
+    monkeypatch.setattr(module, "load_gguf_blocks", loader)
+    return calls
+
+
+def test_hardway_generate_with_gguf_blocks(smollm2_blocks, monkeypatch, capsys):
+    path, model = smollm2_blocks
+    calls = recording(monkeypatch, cli, model)
+    assert cli.main(["generate", "--model", str(path), "--gguf-blocks", "--eager", "--max-new-tokens", "6",
+                     "The capital of France is"]) == 0
+    tokenizer = open_model(path).tokenizer()
+    prompt = tokenizer.encode("The capital of France is")
+    expected = generate(model, torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
+    assert calls == [path] and capsys.readouterr().out == tokenizer.decode(expected.tolist()) + "\n"
+
+
+def test_hardway_serve_with_gguf_blocks(smollm2_blocks, monkeypatch):
+    path, model = smollm2_blocks
+    calls = recording(monkeypatch, server_module, model)
+    got = {}
+
+    class InThisProcess:
+        """Stands in for serve's uvicorn server: the app it built, served from a thread here, then stopped."""
+
+        def __init__(self, config, worker, grace_s):
+            self.app = config.app
+
+        def run(self):
+            with background_server(self.app) as url, httpx.Client(timeout=300) as client:
+                got["completion"] = client.post(url + "/v1/completions", json={
+                    "model": str(path), "prompt": "One, two, three,", "max_tokens": 6, "temperature": 0}).json()
+
+    monkeypatch.setattr(server_module, "_Server", InThisProcess)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.main(["serve", "--model", str(path), "--gguf-blocks", "--eager", "--port", str(port),
+                     "--max-batch", "2"]) == 0
+    tokenizer = open_model(path).tokenizer()
+    prompt = tokenizer.encode("One, two, three,")
+    expected = generate(model, torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
+    assert calls == [path]
+    assert got["completion"]["choices"][0]["text"] == tokenizer.decode(expected.tolist()), got["completion"]
+
+
+@pytest.mark.parametrize("case", ["a folder", "float16"])
+def test_gguf_blocks_refuses_what_it_cannot_run(case, capsys):
+    model, words = {
+        "a folder": (str(checkpoint(STANDIN_ID)), "--gguf-blocks keeps a .gguf file's quantized blocks"),
+        "float16": (str(gemma3_gguf(models_dir() / "gguf")), "--gguf-blocks runs on the CPU in float32")}[case]
+    dtype = ["--dtype", "float16"] if case == "float16" else []
+    assert cli.main(["generate", "--model", model, "--device", "cpu", *dtype, "--gguf-blocks", "hi"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hardway generate: error: ") and words in lines[0], lines
