@@ -9,13 +9,16 @@ next-token distributions against transformers' reading of the file.
 Both hardway rows decode with lesson 12's compiled static-shape step (--eager: lesson 08's eager loop too), the same
 prompt ids, a warm-up, then interleaved repetitions (medians); llama.cpp's row is its own `llama-bench -p 0 -n N
 -t THREADS` (text generation after an empty prompt), run between the same repetitions. The read bandwidth (a 1 GiB
-sum) is sampled in the same rounds. Memory: the process's resident set after loading and decoding, less what it was
-before loading (torch itself is about half a gigabyte), in a fresh process per path.
+sum) is sampled in the same rounds. Memory, in a fresh process per path: what the model holds once loaded and decoding
+(what dropping it gives back: the file's pages it maps, and what it allocated), and the process's whole growth over
+the load and decode, which adds torch's own one-time machinery (torch itself is about half a gigabyte before it).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import re
@@ -42,21 +45,29 @@ LOADERS = {"fp32 (hardway.load)": load, "blocks (load_gguf_blocks)": load_gguf_b
 
 
 def resident_mb() -> float:
+    """This process's resident set, in MB, after giving back what the allocator holds but nothing uses."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed memory; Linux only, as /proc is
     return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1e3
 
 
 def memory_child(loader: str, path: str, n: int) -> None:
-    """In a fresh process: load with `loader`, decode n tokens, print the resident growth in MB as JSON."""
+    """In a fresh process: load with `loader`, decode n tokens, then drop the model. Prints as JSON the resident
+    growth over the load and decode, and the part of it the model held: what dropping it gave back. The rest is
+    torch's own, paid once per process (the first model built on the meta device brings in its Python machinery,
+    about 150 MB here, whatever the model)."""
     before = resident_mb()
     model = LOADERS[loader](path)
     generate(model, torch.tensor([[2, 818, 5279]]), max_new_tokens=n, do_sample=False)
-    print(json.dumps({"resident_mb": resident_mb() - before}))
+    loaded = resident_mb()
+    del model
+    print(json.dumps({"resident_mb": loaded - before, "model_mb": loaded - resident_mb()}))
 
 
-def resident_growth(loader: str, path: Path, n: int) -> float:
+def resident_growth(loader: str, path: Path, n: int) -> dict[str, float]:
     out = subprocess.run([sys.executable, __file__, "--memory-child", loader, "--model", str(path), "--new-tokens",
                           str(n)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["resident_mb"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def llama_bench(binary: str, path: Path, n: int, threads: int) -> float:
@@ -137,10 +148,13 @@ def main(argv=None) -> dict:
     compiled = [label for label in outputs if label.endswith("compiled step")]
     same = next((i for i, (a, b) in enumerate(zip(*(outputs[c][0, ids.shape[1]:] for c in compiled))) if a != b), n)
     print(f"greedy tokens: the blocks' first {same} of {n} equal fp32's")
+    size = path.stat().st_size / 1e6
     for label, loader in LOADERS.items():
-        growth = resident_growth(label, path, 8)
-        table[label.split(" ")[0] + " resident"] = growth
-        print(f"resident memory, {label}: {growth:.0f} MB ({growth * 1e6 / path.stat().st_size:.2f}x the file)")
+        memory = resident_growth(label, path, 8)
+        table[label.split(" ")[0] + " resident"] = memory
+        print(f"resident memory, {label}: the model holds {memory['model_mb']:.0f} MB "
+              f"({memory['model_mb'] / size:.2f}x the file); the process grew {memory['resident_mb']:.0f} MB "
+              f"({memory['resident_mb'] / size:.2f}x)")
     if args.kl:
         from hardway.verify.ritual import load_reference
 

@@ -23,6 +23,7 @@ from hardway.decode.speculative import (
     speculative_generate,
 )
 from hardway.decode.static import StaticDecodeStep, fast_generate
+from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.kernels.gguf_layers import load_gguf_blocks
 from hardway.kernels.layout import compile_pays
@@ -224,6 +225,9 @@ def cmd_serve(args) -> int:
     # the fastest set against vLLM on a 2-core CPU (docs/serving.md): one request alone, 8 and 16 at once (up to --max-batch)
     compile_sizes = _batch_sizes(args.compile, args.max_batch) if args.compile else \
         (tuple(n for n in DEFAULT_COMPILE_SIZES if n <= args.max_batch) if compile_pays(device, dtype) else ())
+    config = EngineConfig(n_blocks=args.blocks, block_size=args.block_size, max_batch=args.max_batch,  # lesson 14
+                          max_step_tokens=args.max_step_tokens, compile_sizes=compile_sizes,
+                          kv_cache_dtype=args.kv_cache_dtype)  # lesson 24
     with contextlib.redirect_stdout(sys.stderr):
         source = open_model(args.model)  # lesson 06: a missing or unreadable model is one line, before the banner
         _check_gguf_blocks(args, source, device, dtype)
@@ -232,12 +236,9 @@ def cmd_serve(args) -> int:
     # Imported here, not at the top: FastAPI and uvicorn add about a second to the start of every other command.
     from hardway.server.launch import serve  # lesson 14
 
-    serve(source, host=args.host, port=args.port, max_batch=args.max_batch, n_blocks=args.blocks,
-          block_size=args.block_size, device=device, dtype=dtype, grace_s=args.grace,
-          max_step_tokens=args.max_step_tokens, compile_sizes=compile_sizes,
+    serve(source, host=args.host, port=args.port, config=config, device=device, dtype=dtype, grace_s=args.grace,
           engine_class=Engine if args.no_prefix_cache else PrefixCachingEngine,  # lesson 14's, or lesson 15's
-          kv_cache_dtype=args.kv_cache_dtype, grammar_budget=grammar_budget,  # lessons 24, 25
-          gguf_blocks=args.gguf_blocks)  # lesson 26
+          grammar_budget=grammar_budget, gguf_blocks=args.gguf_blocks)  # lessons 25, 26
     return 0
 
 

@@ -215,5 +215,5 @@ def test_serve_passes_kv_cache_dtype_to_the_engine(monkeypatch):
     seen = {}
     monkeypatch.setattr(launch, "serve", lambda *args, **kwargs: seen.update(kwargs))
     assert main(["serve", "--model", SMOLLM2, "--kv-cache-dtype", "int8", "--eager"]) == 0
-    assert seen["kv_cache_dtype"] == "int8"
-    assert main(["serve", "--model", SMOLLM2, "--eager"]) == 0 and seen["kv_cache_dtype"] == "auto"
+    assert seen["config"].kv_cache_dtype == "int8"
+    assert main(["serve", "--model", SMOLLM2, "--eager"]) == 0 and seen["config"].kv_cache_dtype is None  # "auto"

@@ -11,6 +11,7 @@ import torch
 
 from hardway.engine.block_manager import (BlockManager, PoolTooSmallError, PrefixCachingBlockManager,
                                           SlidingBlockManager, sliding_block_manager)
+from hardway.engine.config import EngineConfig
 from hardway.engine.logprobs import TokenLogprobs, picked_logprobs, prompt_logprobs
 from hardway.engine.model_runner import ModelRunner
 from hardway.engine.output import OutputProcessor
@@ -41,11 +42,13 @@ class Engine:
     for max_batch sequences' windows). sliding_pool=False keeps every layer in the one pool, as for any other
     model (to compare). Such a model reuses no cached prefix: PrefixCachingEngine caches nothing for it.
     `kv_cache_dtype` (lesson 24): "int8" stores the KV cache in int8, a scale per position and head; None or "auto":
-    the model's dtype."""
+    the model's dtype.
 
-    def __init__(self, model: CausalLM, tokenizer, n_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
-                 max_step_tokens: int = 512, compile_sizes=(), backend=None, n_sliding_blocks: int | None = None,
-                 sliding_pool: bool = True, kv_cache_dtype: str | None = None, background_compile: bool = False):
+    Every setting above is a field of `config` (EngineConfig), kept as `self.config`; `settings` are the same fields
+    by name, as the engine took them before the record existed: Engine(model, tokenizer, n_blocks=64)."""
+
+    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, **settings):
+        self.config = config = EngineConfig.of(config, **settings).sized_for(model.max_seq_len)
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size = model.config.vocab_size  # rows of the embedding: the ids the model can read
         largest = max(tokenizer.decoder)  # the largest id the tokenizer can produce (an added token's, often)
@@ -53,14 +56,14 @@ class Engine:
             raise ValueError(f"the tokenizer has token ids up to {largest}, but the model's vocabulary has only "
                              f"{self.vocab_size} (ids 0 to {self.vocab_size - 1}): the checkpoint's config.json and "
                              f"tokenizer do not belong together")
-        windows = getattr(model, "sliding_windows", None) if sliding_pool else None  # lesson 15; None: all full
-        sliding = sliding_block_manager(windows, n_blocks, block_size, max_batch, max_step_tokens, n_sliding_blocks)
-        self.scheduler = Scheduler(n_blocks, block_size, max_batch, max_step_tokens, sliding)
+        windows = getattr(model, "sliding_windows", None) if config.sliding_pool else None  # lesson 15; None: all full
+        sliding = sliding_block_manager(windows, config.n_blocks, config.block_size, config.max_batch,
+                                        config.max_step_tokens, config.n_sliding_blocks)
+        self.scheduler = Scheduler(config.n_blocks, config.block_size, config.max_batch, config.max_step_tokens, sliding)
         sliding_layers = [i for i, w in enumerate(windows or ()) if w is not None]
-        self.runner = ModelRunner(model, n_blocks, block_size, compile_sizes=compile_sizes, backend=backend,
-                                  sliding_layers=sliding_layers, n_sliding_blocks=sliding.n_blocks if sliding else 0,
-                                  kv_cache_dtype=kv_cache_dtype)
-        if self.runner.decode is not None and not background_compile:
+        self.runner = ModelRunner(model, config, sliding_layers=sliding_layers,
+                                  n_sliding_blocks=sliding.n_blocks if sliding else 0)
+        if self.runner.decode is not None and not config.background_compile:
             self.runner.decode.compile_now()
         self.output = OutputProcessor(tokenizer, model.eos_token_ids)
         self.seqs: dict[int, Sequence] = {}  # every request not finished yet, by id
@@ -183,9 +186,12 @@ class Engine:
 
     def stats(self, finished=(), **done) -> StepStats:
         """The engine now, with what a step `done` (StepStats' counts) and the sequences that just ended."""
-        now = time.monotonic()
+        now, s = time.monotonic(), self.scheduler
         return StepStats(now, len(self.running), len(self.waiting), 1 - self.blocks.n_free / self.blocks.n_blocks,
-                         finished=tuple(RequestStats.of(s, now) for s in finished), **done)
+                         finished=tuple(RequestStats.of(seq, now) for seq in finished), free_blocks=self.blocks.n_free,
+                         sliding_free_blocks=None if self.sliding_blocks is None else self.sliding_blocks.n_free,
+                         total_preemptions=s.n_preemptions, total_aborted=self.n_aborted,
+                         total_admitted_tokens=s.n_admitted_tokens, total_shared_tokens=s.n_shared_tokens, **done)
 
     def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[tuple[int, TokenLogprobs | None] | None]:
         """One forward pass -> each sequence's next token and its TokenLogprobs (None if not asked), or None for a
@@ -238,10 +244,11 @@ class PrefixCachingEngine(Engine):
     prompt's full blocks: choices 1..n-1 (added with `share_prompt_with` = choice 0's id) wait, held here, until
     choice 0's prompt is computed, and are admitted on the next step, which finds those blocks cached."""
 
-    def __init__(self, model, tokenizer, n_blocks: int = 256, block_size: int = 16, **kwargs):
-        super().__init__(model, tokenizer, n_blocks=n_blocks, block_size=block_size, **kwargs)
+    def __init__(self, model, tokenizer, config: EngineConfig | None = None, **settings):
+        super().__init__(model, tokenizer, config, **settings)
         if self.scheduler.sliding_blocks is None:  # a model with sliding layers caches no prefix (section 5)
-            self.scheduler.blocks = PrefixCachingBlockManager(n_blocks, block_size)  # before any request: holds nothing
+            self.scheduler.blocks = PrefixCachingBlockManager(self.config.n_blocks,  # before any request: holds
+                                                              self.config.block_size)  # nothing
         self.held: dict[int, list[Sequence]] = {}  # a sequence's id -> those waiting for its prompt's blocks
 
     def queue(self, seq: Sequence, share_prompt_with: int | None = None) -> None:

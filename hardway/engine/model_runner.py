@@ -9,8 +9,8 @@ import threading
 
 import torch
 
-from hardway.decode.kv_quant import check_kv_cache_dtype
 from hardway.decode.sampling import sample_next_token
+from hardway.engine.config import EngineConfig
 from hardway.engine.paged_cache import PagedKVCache
 from hardway.engine.paged_int8 import Int8PagedKVCache
 from hardway.engine.sequence import Sequence
@@ -128,19 +128,20 @@ class ModelRunner:
 
     `sliding_layers` (lesson 15): the layers whose keys and values live in the sliding layers' pool of
     n_sliding_blocks blocks; each sequence then has a second slot mapping, from its sliding table.
-    `kv_cache_dtype` (lesson 24): "int8" keeps the pool in int8 (Int8PagedKVCache); None or "auto", the model's."""
+    `kv_cache_dtype` (lesson 24): "int8" keeps the pool in int8 (Int8PagedKVCache); None or "auto", the model's.
+    These settings are the fields of `config` (EngineConfig), or `settings` by name: ModelRunner(model, n_blocks=8)."""
 
-    def __init__(self, model: CausalLM, n_blocks: int, block_size: int, onednn: bool | None = None,
-                 compile_sizes=(), backend=None, sliding_layers=(), n_sliding_blocks: int = 0,
-                 kv_cache_dtype: str | None = None):
-        cache_class = Int8PagedKVCache if check_kv_cache_dtype(kv_cache_dtype) == "int8" else PagedKVCache  # lesson 24
-        self.cache = cache_class.for_model(model, n_blocks, block_size, sliding_layers, n_sliding_blocks)
-        self.block_size, self.device = block_size, self.cache.device
+    def __init__(self, model: CausalLM, config: EngineConfig | None = None, sliding_layers=(),
+                 n_sliding_blocks: int = 0, **settings):
+        config = EngineConfig.of(config, **settings).sized_for(model.max_seq_len)
+        cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
+        self.cache = cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers, n_sliding_blocks)
+        self.block_size, self.device = config.block_size, self.cache.device
         self.has_sliding = bool(sliding_layers)
-        if onednn is None:
-            onednn = onednn_linear_pays(self.device, self.cache.dtype)
+        onednn = onednn_linear_pays(self.device, self.cache.dtype) if config.onednn is None else config.onednn
         self.model = with_onednn_linears(model) if onednn else model  # its parameters are the model's own
-        self.decode = CompiledDecode(self.model, self.cache, compile_sizes, backend) if compile_sizes else None
+        self.decode = CompiledDecode(self.model, self.cache, config.compile_sizes, config.backend) \
+            if config.compile_sizes else None
 
     def map_slots(self, seq: Sequence, n_positions: int) -> None:
         """Fill in the pool slot of seq's positions up to n_positions, from its block table: only the positions new

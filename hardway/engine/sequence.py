@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -15,16 +16,18 @@ from hardway.engine.logprobs import TokenLogprobs
 from hardway.text.detokenizer import Detokenizer
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
-    """What a request asks for, in the OpenAI API's terms; the server checks the values before they get here. How
-    the next token is picked is lesson 07's SamplingConfig, which `sampling` builds from these fields."""
+    """What a request asks for, in the OpenAI API's terms, checked once when it is made and never changed afterwards:
+    a different request is a new record (`dataclasses.replace(params, seed=1)`). A server checks each field where it
+    reads the request, with the field's name in its 400; the checks here are what the engine relies on, for whoever
+    makes a record directly. How the next token is picked is lesson 07's SamplingConfig, which `sampling` builds."""
     max_tokens: int = 16
     temperature: float = 1.0       # 0 = greedy
     top_p: float = 1.0
     seed: int | None = None
-    stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first one
-    stop_token_ids: list[int] | None = None        # None = the model's EOS ids
+    stop: tuple[str, ...] = ()     # stop strings: the text ends before the first one (a list or one string: made a tuple)
+    stop_token_ids: tuple[int, ...] | None = None  # None = the model's EOS ids
     logprobs: int | None = None    # None: no log-probabilities; k: each new token's, and the k most likely beside it
     prompt_logprobs: int | None = None  # None, or k: each prompt token's too (`echo`), and the k most likely there
     min_p: float = 0.0             # lesson 07's processors, as OpenAI (and vLLM) name them: 0 = off
@@ -32,6 +35,34 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None     # {token id: bias in [-100, 100]}
     constraints: tuple = ()        # per-sequence processors that keep state (a grammar's): each prompt_length -> one
+
+    def __post_init__(self):
+        def refuse(name: str, rule: str):
+            raise ValueError(f"SamplingParams: {name} must be {rule}, got {getattr(self, name)!r}")
+
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            refuse("max_tokens", "a whole number of at least 1")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+            refuse("temperature", "0 (greedy) or more")
+        if not 0 < self.top_p <= 1:  # also refuses nan
+            refuse("top_p", "in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            refuse("min_p", "in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                refuse(name, "a finite number")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+                refuse(name, "None or a count of at least 0")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) and s for s in stop):
+            refuse("stop", "non-empty strings")
+        # Frozen: a field is set with object.__setattr__, here, and nowhere else; tuples, so no one can append
+        object.__setattr__(self, "stop", stop)
+        if self.stop_token_ids is not None:
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "constraints", tuple(self.constraints))
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -151,3 +182,9 @@ class StepStats:
     prefix_queries: int = 0     # prompt tokens of the requests scheduled for the first time (with a prefix cache)
     prefix_hits: int = 0        # of those, the ones found in the pool: not computed (lesson 15)
     finished: tuple[RequestStats, ...] = ()
+    free_blocks: int = 0        # the pool's blocks no sequence holds
+    sliding_free_blocks: int | None = None  # the sliding layers' pool's (lesson 15); None: the model has none
+    total_preemptions: int = 0  # since the engine started, as the three below
+    total_aborted: int = 0
+    total_admitted_tokens: int = 0  # prompt tokens of the sequences admitted (again, after a preemption)
+    total_shared_tokens: int = 0    # of those, the ones found in the pool at admission (lesson 15)

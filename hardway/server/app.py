@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hardway.decode.constrained import GrammarBudget
 from hardway.engine.engine import Engine
 from hardway.engine.logprobs import TokenLogprobs
-from hardway.engine.sequence import RequestOutput, SamplingParams
+from hardway.engine.sequence import RequestOutput, SamplingParams, StepStats
 from hardway.server.protocol import (
     APIError,
     BODY_TIMEOUT_S,
@@ -96,7 +96,12 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
     app = FastAPI(title="hardway", lifespan=lifespan)
     app.state.worker = worker
     app.state.metrics = metrics = ServerMetrics(model_name)  # GET /metrics (section 10)
-    engine.on_stats = metrics.record  # the engine's thread hands it every step's StepStats
+
+    def on_stats(stats: StepStats) -> None:  # in the engine's thread, after every step and every abort
+        worker.last_stats = stats  # what GET /stats reads: a frozen record, never the engine's live counters
+        metrics.record(stats)
+
+    engine.on_stats = on_stats
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
@@ -139,8 +144,8 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
         params = sampling_params(body, len(ids), engine, None, default_max_tokens=16)  # OpenAI's default: 16
         echo = echo_asked(body, chat=False)
         if echo:  # the prompt's log-probabilities too: the engine computes them, as it computes the answer's
-            params.prompt_logprobs = params.logprobs
-        await constrain_off_loop(structured, params)
+            params = replace(params, prompt_logprobs=params.logprobs)
+        params = await constrain_off_loop(structured, params)
         return await respond(request, body, ids, params, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
@@ -162,18 +167,19 @@ def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None
             raise APIError(400, f"'messages': {e}", "messages") from None
         params = sampling_params(body, len(ids), engine, chat.end_of_turn_ids(), default_max_tokens=None)
         echo_asked(body, chat=True)  # refused here
-        await constrain_off_loop(structured, params)
+        params = await constrain_off_loop(structured, params)
         return await respond(request, body, ids, params, chat=True, echo=False, tool_reply=structured.reply)
 
-    async def constrain_off_loop(structured: Structured, params: SamplingParams) -> None:
+    async def constrain_off_loop(structured: Structured, params: SamplingParams) -> SamplingParams:
         """Compile the answer's grammar, if it has one, in the app's grammar thread, before the request reaches the
         engine: the event loop and the engine's thread go on meanwhile (a schema seen before is cached). One thread,
         so that compiles queue rather than share the GIL; each lets go of it every 0.2 ms, and the thread runs at a
-        lower priority than the engine's (lesson 25, section 9)."""
-        if structured.constrained:
-            eos = engine.model.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
-            await asyncio.get_running_loop().run_in_executor(grammars, constrain, structured, params,
-                                                             engine.tokenizer, eos, grammar_budget)
+        lower priority than the engine's (lesson 25, section 9). -> params with the grammar, or params as they were."""
+        if not structured.constrained:
+            return params
+        eos = engine.model.eos_token_ids if params.stop_token_ids is None else list(params.stop_token_ids)
+        return await asyncio.get_running_loop().run_in_executor(grammars, constrain, structured, params,
+                                                                engine.tokenizer, eos, grammar_budget)
 
     def token_name(token: int, as_id: bool) -> str:
         """A token as the logprobs fields spell it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""

@@ -12,10 +12,12 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import uvicorn
 
+from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine
 from hardway.kernels.gguf_layers import load_gguf_blocks
 from hardway.loading import open_model
@@ -98,20 +100,22 @@ def in_a_thread_of_its_own(fn):
     return outcome["value"]
 
 
-def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, n_blocks: int | None = None,
-          block_size: int = 16, device: str = "cpu", dtype=None, log_level: str = "warning",
-          grace_s: float = 5.0, max_step_tokens: int = 512, engine_class: type[Engine] = Engine,
-          compile_sizes=(), kv_cache_dtype: str | None = None, grammar_budget=None, gguf_blocks: bool = False) -> None:
+def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: EngineConfig | None = None, *,
+          device: str = "cpu", dtype=None, gguf_blocks: bool = False, engine_class: type[Engine] = Engine,
+          grammar_budget=None, grace_s: float = 5.0, log_level: str = "warning", **settings) -> None:
     """Load a model and serve it until SIGINT/SIGTERM. `model_id`: anything `open_model` takes (a hub id, a folder,
-    a .gguf file), or its ModelSource; /v1/models lists it under the name as given. On a signal, running requests
-    get `grace_s` seconds to finish, and those still open are ended with an error (see _Server); a second signal
-    ends sooner. `max_step_tokens`: the tokens one engine step computes at most (a longer prompt is prefilled in
-    chunks). `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson 15's
-    PrefixCachingEngine). `compile_sizes`: the batch sizes whose decode steps are compiled, in the background while
-    the server answers (eager steps until each size is ready; /stats lists them). `kv_cache_dtype`: "int8" for an
-    int8 KV cache (lesson 24), None or "auto" for the model's dtype.
-    `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget; None: its defaults).
-    `gguf_blocks`: a .gguf model loaded by lesson 26's load_gguf_blocks, its quantized matrices kept in their blocks."""
+    a .gguf file), or its ModelSource; /v1/models lists it under the name as given.
+
+    `config`: the engine's settings (EngineConfig; by default a pool with room for max_batch sequences of 512
+    positions, or the context if shorter); `settings`: its fields by name, as `serve` took them before the record
+    existed (max_batch=4, compile_sizes=(1,)). Its `compile_sizes` compile in the background while the server
+    answers (eager steps until each size is ready; /stats lists them). How the model loads: on `device` in `dtype`
+    (fp32 if None), or with `gguf_blocks`, a .gguf file by lesson 26's load_gguf_blocks, its quantized matrices
+    kept in their blocks. `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson
+    15's PrefixCachingEngine). `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget;
+    None: its defaults). On a signal, running requests get `grace_s` seconds to finish, and those still open are
+    ended with an error (see _Server); a second signal ends sooner."""
+    config = replace(EngineConfig.of(config or EngineConfig(n_blocks=None), **settings), background_compile=True)
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
@@ -130,21 +134,17 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, max_batch: i
             model = load_gguf_blocks(source.path)
         else:
             model = source.load(device=device, dtype=dtype or torch.float32)
-        blocks = n_blocks if n_blocks is not None else max_batch * -(-min(model.max_seq_len, 512) // block_size)
-        return engine_class(model, tokenizer, n_blocks=blocks, block_size=block_size, max_batch=max_batch,
-                            max_step_tokens=max_step_tokens, compile_sizes=compile_sizes, kv_cache_dtype=kv_cache_dtype,
-                            background_compile=True)
+        return engine_class(model, tokenizer, config)
 
     # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
     # steps compile in another (at a lower priority, ending when they are compiled), and the engine thread computes
-    # everything else (lesson 14, "One thread computes"). With n_blocks None: room for max_batch sequences of 512
-    # positions (or the context, if shorter).
+    # everything else (lesson 14, "One thread computes").
     engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
     if engine.runner.decode is not None:
         engine.runner.decode.compile_in_background(initializer=lower_priority)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    _Server(config, app.state.worker, grace_s).run()
+    http = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    _Server(http, app.state.worker, grace_s).run()
     if app.state.worker.thread.is_alive():
         # The engine is still in a step that outlasted the waits above. Exiting normally now would tear down
         # torch's threads under it, and the process would abort; nobody waits for this step, so end at once.

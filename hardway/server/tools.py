@@ -12,7 +12,7 @@ import re
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -176,20 +176,20 @@ def structured_asked(body: dict, chat: bool) -> Structured:
     return Structured()
 
 
-def constrain(structured: Structured, params, tokenizer, eos_ids: list[int], budget: GrammarBudget | None = None
-              ) -> None:
-    """Compile the answer's grammar (lesson 25) and give it to the request's SamplingParams: each choice builds its
-    own ConstrainedLogits from it. A schema the grammar cannot take is a 400 naming the keyword and the field; one
+def constrain(structured: Structured, params: SamplingParams, tokenizer, eos_ids: list[int],
+              budget: GrammarBudget | None = None) -> SamplingParams:
+    """Compile the answer's grammar (lesson 25) -> the request's SamplingParams with it (unchanged if it asks for
+    none): each choice builds its own ConstrainedLogits from it. A schema the grammar cannot take is a 400 naming the keyword and the field; one
     that needs more than `budget` (states, seconds) is a 400 naming the budget."""
     if not structured.constrained:
-        return
+        return params
     try:
         automaton = compile_json_schema(structured.schema, tokenizer, eos_ids, budget)
     except GrammarBudgetError as e:
         raise APIError(400, f"'{structured.param}': {e}", structured.param, "grammar_budget_exceeded") from None
     except GrammarError as e:
         raise APIError(400, f"'{structured.param}': {e}", structured.param) from None
-    params.constraints = (partial(ConstrainedLogits, automaton),)
+    return replace(params, constraints=(partial(ConstrainedLogits, automaton),))
 
 
 BACKGROUND_NICE = 10  # the grammar and compile threads' nice value (Linux): below the engine's 0, far from idle's 19

@@ -15,7 +15,7 @@ from fastapi import Request
 
 from hardway.decode.regex_automaton import GrammarBudgetError
 from hardway.engine.engine import Engine
-from hardway.engine.sequence import RequestOutput, SamplingParams
+from hardway.engine.sequence import RequestOutput, SamplingParams, StepStats
 from hardway.server.protocol import APIError
 
 
@@ -66,6 +66,7 @@ class EngineThread:
         self.door = threading.Lock()             # submit() and the loop's last look at the inbox, one at a time
         self.stopping = threading.Event()
         self.last_loop = time.monotonic()        # when the loop last went round: /health reports its age
+        self.last_stats: StepStats = engine.stats()  # the engine's last step's record (create_app's on_stats)
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -98,14 +99,18 @@ class EngineThread:
         self.inbox.put(("abort", request))
 
     def stats(self) -> dict:
-        e, s = self.engine, self.engine.scheduler
-        hits, misses = s.n_shared_tokens, s.n_admitted_tokens - s.n_shared_tokens  # prompt tokens, at admission
-        return {"total_blocks": e.blocks.n_blocks, "free_blocks": e.blocks.n_free, "block_size": e.blocks.block_size,
-                "running": len(e.running), "waiting": len(e.waiting), "preemptions": e.n_preemptions,
-                "aborted": e.n_aborted, "prefix_cache": e.blocks.caches_prefixes,  # lesson 15
+        """GET /stats: the engine as its last step (or abort) left it, read from that step's StepStats, a frozen
+        record the engine's thread made (`last_stats`), never from counters the engine is changing meanwhile."""
+        st, config = self.last_stats, self.engine.config
+        hits, misses = st.total_shared_tokens, st.total_admitted_tokens - st.total_shared_tokens  # at admission
+        sliding = {} if st.sliding_free_blocks is None else {  # lesson 15: the sliding layers' own pool
+            "sliding_total_blocks": self.engine.sliding_blocks.n_blocks, "sliding_free_blocks": st.sliding_free_blocks}
+        return {"total_blocks": config.n_blocks, "free_blocks": st.free_blocks, "block_size": config.block_size,
+                "running": st.n_running, "waiting": st.n_waiting, "preemptions": st.total_preemptions,
+                "aborted": st.total_aborted, "prefix_cache": self.engine.blocks.caches_prefixes,  # lesson 15
                 "prefix_cache_hit_tokens": hits, "prefix_cache_miss_tokens": misses,
                 "prefix_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
-                **self.sliding_stats(), **self.compile_stats()}
+                **sliding, **self.compile_stats()}
 
     def compile_stats(self) -> dict:
         """The compiled decode steps' batch sizes, those ready and those still compiling (none once a compile
@@ -117,11 +122,6 @@ class EngineThread:
         pending = [] if decode.error is not None else [b for b in decode.batch_sizes if b not in ready]
         return {"compiled_batch_sizes": ready, "compiling_batch_sizes": pending,
                 "compile_error": None if decode.error is None else f"{type(decode.error).__name__}: {decode.error}"}
-
-    def sliding_stats(self) -> dict:
-        """The sliding layers' own pool (lesson 15), for a model that has one: its blocks, and how many are free."""
-        pool = self.engine.sliding_blocks
-        return {} if pool is None else {"sliding_total_blocks": pool.n_blocks, "sliding_free_blocks": pool.n_free}
 
     def health(self) -> dict:
         """The engine thread's state, not just the HTTP loop's: "ok", "shutting down" or "engine stopped"."""
