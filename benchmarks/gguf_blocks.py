@@ -54,8 +54,8 @@ def resident_mb() -> float:
 def memory_child(loader: str, path: str, n: int) -> None:
     """In a fresh process: load with `loader`, decode n tokens, then drop the model. Prints as JSON the resident
     growth over the load and decode, and the part of it the model held: what dropping it gave back. The rest is
-    torch's own, paid once per process (the first model built on the meta device brings in its Python machinery,
-    about 150 MB here, whatever the model)."""
+    torch's own, paid once per process (the first operations on the meta device, where the model is built, import
+    torch's Python decompositions: about 150 MB here, whatever the model)."""
     before = resident_mb()
     model = LOADERS[loader](path)
     generate(model, torch.tensor([[2, 818, 5279]]), max_new_tokens=n, do_sample=False)
