@@ -186,12 +186,13 @@ class Engine:
 
     def stats(self, finished=(), **done) -> StepStats:
         """The engine now, with what a step `done` (StepStats' counts) and the sequences that just ended."""
-        now, s = time.monotonic(), self.scheduler
+        now, scheduler = time.monotonic(), self.scheduler
         return StepStats(now, len(self.running), len(self.waiting), 1 - self.blocks.n_free / self.blocks.n_blocks,
-                         finished=tuple(RequestStats.of(seq, now) for seq in finished), free_blocks=self.blocks.n_free,
+                         finished=tuple(RequestStats.of(s, now) for s in finished), free_blocks=self.blocks.n_free,
                          sliding_free_blocks=None if self.sliding_blocks is None else self.sliding_blocks.n_free,
-                         total_preemptions=s.n_preemptions, total_aborted=self.n_aborted,
-                         total_admitted_tokens=s.n_admitted_tokens, total_shared_tokens=s.n_shared_tokens, **done)
+                         total_preemptions=scheduler.n_preemptions, total_aborted=self.n_aborted,
+                         total_admitted_tokens=scheduler.n_admitted_tokens,
+                         total_shared_tokens=scheduler.n_shared_tokens, **done)
 
     def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[tuple[int, TokenLogprobs | None] | None]:
         """One forward pass -> each sequence's next token and its TokenLogprobs (None if not asked), or None for a
