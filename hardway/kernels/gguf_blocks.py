@@ -56,10 +56,12 @@ static inline float fp16(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); retur
 
 /* One input row rounded to int8 in blocks of 32, as quantize_activations: xs[b] = (largest |x| of block b) / 127,
    xq = x / xs rounded to the nearest integer, ties to even. xsum[h] = xs[b] * (sum of the 16 xq of half h of the
-   block): what a run's minimum multiplies, computed once for every row of the matrix. */
-typedef struct { const int8_t *xq; const float *xs; const float *xsum; } Row;
+   block): what a run's minimum multiplies, computed once for every row of the matrix. xs8 and xsum8 repeat each
+   block's xs, and an eighth of its two xsum, 8 times: one value per int32 lane of a block's vpdpbusd sums, so that
+   the blocks of 32 apply them with one vector operation. */
+typedef struct { const int8_t *xq; const float *xs, *xsum, *xs8, *xsum8; } Row;
 
-static void quantize_row(const float *x, long in, int8_t *xq, float *xs, float *xsum) {
+static void quantize_row(const float *x, long in, int8_t *xq, float *xs, float *xsum, float *xs8, float *xsum8) {
     for (long b = 0; b < in / 32; b++) {
         float amax = 0;
         for (long k = 32 * b; k < 32 * b + 32; k++) amax = fmaxf(amax, fabsf(x[k]));
@@ -72,6 +74,7 @@ static void quantize_row(const float *x, long in, int8_t *xq, float *xs, float *
             }
             xsum[h] = xs[b] * sum;
         }
+        for (int l = 0; l < 8; l++) xs8[8 * b + l] = xs[b], xsum8[8 * b + l] = (xsum[2 * b] + xsum[2 * b + 1]) / 8;
     }
 }
 
@@ -150,6 +153,12 @@ static inline __m512i signed_dot64(__m512i w, const int8_t *xq) {
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w),
                                _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x));
 }
+/* the fp16 numbers at p and q as 16 floats: p's in lanes 0-7, q's in lanes 8-15 (two broadcasts, one conversion) */
+static inline __m512 fp16_pair(const uint8_t *p, const uint8_t *q) {
+    uint16_t a, b;
+    memcpy(&a, p, 2), memcpy(&b, q, 2);
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)));
+}
 static inline Acc dot32_signed(Acc acc, const int8_t *w, const int8_t *xq, float s) {
     __m256i wv = load32(w);
     return scaled(acc, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(load32(xq), wv)),
@@ -203,24 +212,33 @@ static float row_legacy(const uint8_t *w, Row x, long in, int type) {
     float mins = 0, total = 0;
     long b = 0;
 #if VNNI
-    if (!has_min) {  /* Q4_0, Q5_0: q - 8 or q - 16 as signed bytes, so no minimum to add; two blocks a step, as Q8_0 */
-        __m512 acc2 = _mm512_setzero_ps();
-        __m256i offset = BYTES(five ? 16 : 8);
-        for (; b + 2 <= in / 32; b += 2, w += 2 * bytes) {
-            U32 u0 = nibbles16(w + bytes - 16), u1 = nibbles16(w + 2 * bytes - 16);
-            if (five) {
-                uint32_t qh0, qh1;
-                memcpy(&qh0, w + 2, 4), memcpy(&qh1, w + bytes + 2, 4);
-                u0 = add_16s(u0, qh0), u1 = add_16s(u1, qh1);
-            }
-            __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_sub_epi8(u0, offset)),
-                                            _mm256_sub_epi8(u1, offset), 1);
-            __m512 s = _mm512_insertf32x8(_mm512_set1_ps(fp16(w) * x.xs[b]),
-                                          _mm256_set1_ps(fp16(w + bytes) * x.xs[b + 1]), 1);
-            acc2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(signed_dot64(wv, x.xq + 32 * b)), s, acc2);
+    /* two blocks a step: their 16 bytes of nibbles each, as [low halves, high halves] of block b, then of b + 1, in one
+       512-bit register; the fifth bits through a 64-bit mask; each block's minimum against x's sums, as in the loop
+       below */
+    __m512 acc2 = _mm512_setzero_ps();
+    const long long F = 0x0004000400040004LL;
+    const __m512i shift = _mm512_set_epi64(F, F, 0, 0, F, F, 0, 0), low4 = _mm512_set1_epi8(15);
+    for (; b + 2 <= in / 32; b += 2, w += 2 * bytes) {
+        __m256i both = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(w + 2 * bytes - 16)),
+                                        _mm_loadu_si128((const __m128i *)(w + bytes - 16)));
+        __m512i wide = _mm512_shuffle_i64x2(_mm512_castsi256_si512(both), _mm512_castsi256_si512(both), 0x50);
+        __m512i u = _mm512_and_si512(_mm512_srlv_epi16(wide, shift), low4);
+        if (five) {
+            uint32_t qh0, qh1;
+            memcpy(&qh0, w + 2 + 2 * has_min, 4), memcpy(&qh1, w + bytes + 2 + 2 * has_min, 4);
+            u = _mm512_mask_add_epi8(u, (__mmask64)qh1 << 32 | qh0, u, _mm512_set1_epi8(16));
         }
-        total = _mm512_reduce_add_ps(acc2);
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(x.xq + 32 * b)));
+        __m512 xs = _mm512_loadu_ps(x.xs8 + 8 * b), xsum = _mm512_loadu_ps(x.xsum8 + 8 * b);
+        if (has_min) {  /* w = d q + m */
+            acc2 = _mm512_fmadd_ps(_mm512_mul_ps(dot, xs), fp16_pair(w, w + bytes), acc2);
+            acc2 = _mm512_fmadd_ps(xsum, fp16_pair(w + 2, w + bytes + 2), acc2);
+        } else {  /* w = d (q - 8) or d (q - 16) */
+            __m512 centred = _mm512_fnmadd_ps(_mm512_set1_ps(five ? 16 : 8), xsum, _mm512_mul_ps(dot, xs));
+            acc2 = _mm512_fmadd_ps(centred, fp16_pair(w, w + bytes), acc2);
+        }
     }
+    total = _mm512_reduce_add_ps(acc2);
 #endif
     for (; b < in / 32; b++, w += bytes) {
         float d = fp16(w), m = has_min ? -fp16(w + 2) : (five ? 16 : 8) * d;
@@ -249,9 +267,45 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
    hold run 2 i in their low halves, run 2 i + 1 in their high halves); run j: w = d sc_j q - dmin m_j.
    Q5_K 176 bytes: d, dmin, scales, 32 bytes of fifth bits (bit j of byte l: weight l of run j), then the nibbles. */
 static float row_k4(const uint8_t *w, Row x, long in, int five) {
-    Acc acc = acc_zero();
-    float mins = 0;
-    for (long b = 0; b < in / 256; b++, w += five ? 176 : 144) {
+    long b = 0;
+    float total = 0;
+#if VNNI
+    /* A whole super-block in vectors: its 8 runs' scales d sc_j xs in one vector, its minimums against x's 16
+       half-block sums in another, and two runs a step (the low and the high nibbles of the same 32 bytes) in one
+       512-bit vpdpbusd, each half of the 16 lanes scaled by its run's scale. */
+    __m512 acc = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1), low4 = _mm512_set1_epi8(15);
+    for (; b < in / 256; b++, w += five ? 176 : 144) {
+        /* the 8 scales and 8 minimums of scale_min_k4, four at a time in 32-bit words */
+        uint32_t q[3];
+        memcpy(q, w + 4, 12);
+        uint32_t sc_lo = q[0] & 0x3f3f3f3f, sc_hi = (q[2] & 0x0f0f0f0f) | ((q[0] >> 6 & 0x03030303) << 4);
+        uint32_t m_lo = q[1] & 0x3f3f3f3f, m_hi = (q[2] >> 4 & 0x0f0f0f0f) | ((q[1] >> 6 & 0x03030303) << 4);
+        __m128i sc = _mm_set_epi32(0, 0, sc_hi, sc_lo), m = _mm_set_epi32(0, 0, m_hi, m_lo);
+        __m256 scale = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)),
+                                     _mm256_mul_ps(_mm256_loadu_ps(x.xs + 8 * b), _mm256_set1_ps(fp16(w))));
+        __m512 scale16 = _mm512_castps256_ps512(scale);
+        __m512 m16 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(m, m)));  /* each run's m twice */
+        mins = _mm512_fmadd_ps(_mm512_mul_ps(m16, _mm512_set1_ps(fp16(w + 2))), _mm512_loadu_ps(x.xsum + 16 * b), mins);
+        const uint8_t *qs = w + (five ? 48 : 16);
+        __m512i qh = five ? _mm512_broadcast_i64x4(load32(w + 16)) : _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {  /* runs 2p (low nibbles) and 2p + 1 (high nibbles) */
+            __m256i v = load32(qs + 32 * p);
+            __m512i u = _mm512_and_si512(_mm512_srlv_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1), shift), low4);
+            if (five) {
+                __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(1 << (2 * p)), _mm256_set1_epi8(1 << (2 * p + 1)), 1);
+                u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(qh, bits), u, _mm512_set1_epi8(16));
+            }
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(x.xq + 256 * b + 64 * p));
+            __m512i which = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(which, scale16), acc);
+        }
+    }
+    total = _mm512_reduce_add_ps(acc) - _mm512_reduce_add_ps(mins);
+#endif
+    Acc rest = acc_zero();
+    float rest_mins = 0;
+    for (; b < in / 256; b++, w += five ? 176 : 144) {
         float d = fp16(w), dmin = fp16(w + 2);
         const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five ? 48 : 16);
         for (int j = 0; j < 8; j++) {
@@ -260,11 +314,11 @@ static float row_k4(const uint8_t *w, Row x, long in, int five) {
             U32 u = nibbles32(qs + 32 * (j / 2), 4 * (j % 2));
             if (five) u = add_16s(u, bit_of_bytes(qh, j));
             long s = 8 * b + j;  /* x's block of 32 */
-            acc = dot32(acc, u, x.xq + 32 * s, d * sc * x.xs[s], d * sc * x.xs[s]);
-            mins += dmin * m * (x.xsum[2 * s] + x.xsum[2 * s + 1]);
+            rest = dot32(rest, u, x.xq + 32 * s, d * sc * x.xs[s], d * sc * x.xs[s]);
+            rest_mins += dmin * m * (x.xsum[2 * s] + x.xsum[2 * s + 1]);
         }
     }
-    return acc_total(acc) - mins;
+    return total + acc_total(rest) - rest_mins;
 }
 
 /* Q6_K 210 bytes for 256 weights: 128 bytes of low nibbles, 64 bytes of 2-bit pairs, 16 int8 scales (one per 16
@@ -272,9 +326,43 @@ static float row_k4(const uint8_t *w, Row x, long in, int five) {
    takes the low (k < 2) or high nibbles of bytes 0-31 (k even) or 32-63 (k odd), and bits 2k, 2k + 1 of the 32
    high bytes. */
 static float row_q6_k(const uint8_t *w, Row x, long in) {
-    Acc acc = acc_zero();
-    float mins = 0;
-    for (long b = 0; b < in / 256; b++, w += 210) {
+    long b = 0;
+    float total = 0;
+#if VNNI
+    /* A super-block's 16 scales d sc_g xs in one vector (xs repeated for the two 16s of its 32), the - 32 against x's
+       16 half-block sums in another; two runs a step: the low nibbles of 64 bytes are runs 0 and 1 of a half, the
+       high nibbles runs 2 and 3, and each 16 of the 64 lanes' sums takes its own scale. */
+    __m512 acc = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i fours = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i low4 = _mm512_set1_epi8(15), three = _mm512_set1_epi8(3);
+    const __m512i shift01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i shift23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    for (; b < in / 256; b++, w += 210) {
+        float d = fp16(w + 208);
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192))));
+        __m512 xs = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(x.xs + 8 * b)));
+        __m512 scale = _mm512_mul_ps(_mm512_mul_ps(sc, xs), _mm512_set1_ps(d));
+        mins = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(32 * d)), _mm512_loadu_ps(x.xsum + 16 * b), mins);
+        for (int half = 0; half < 2; half++) {
+            __m512i ql = _mm512_loadu_si512(w + 64 * half);
+            __m512i qh = _mm512_broadcast_i64x4(load32(w + 128 + 32 * half));
+            for (int p = 0; p < 2; p++) {  /* runs 2p and 2p + 1 of this half */
+                __m512i low = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
+                __m512i high = _mm512_and_si512(_mm512_srlv_epi16(qh, p ? shift23 : shift01), three);
+                __m512i u = _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                                  _mm512_loadu_si512(x.xq + 256 * b + 128 * half + 64 * p));
+                __m512i which = _mm512_add_epi32(fours, _mm512_set1_epi32(8 * half + 4 * p));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(which, scale), acc);
+            }
+        }
+    }
+    total = _mm512_reduce_add_ps(acc) - _mm512_reduce_add_ps(mins);
+#endif
+    Acc rest = acc_zero();
+    float rest_mins = 0;
+    for (; b < in / 256; b++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *scales = (const int8_t *)(w + 192);
         float d = fp16(w + 208);
@@ -283,11 +371,11 @@ static float row_q6_k(const uint8_t *w, Row x, long in) {
                 U32 u = add_high2(nibbles32(ql + 32 * (k % 2), 4 * (k / 2)), qh, 2 * k);
                 long s = 8 * b + 4 * half + k;  /* x's block of 32 */
                 float sA = d * scales[2 * k], sB = d * scales[2 * k + 1];
-                acc = dot32(acc, u, x.xq + 32 * s, sA * x.xs[s], sB * x.xs[s]);
-                mins += 32 * (sA * x.xsum[2 * s] + sB * x.xsum[2 * s + 1]);
+                rest = dot32(rest, u, x.xq + 32 * s, sA * x.xs[s], sB * x.xs[s]);
+                rest_mins += 32 * (sA * x.xsum[2 * s] + sB * x.xsum[2 * s + 1]);
             }
     }
-    return acc_total(acc) - mins;
+    return total + acc_total(rest) - rest_mins;
 }
 
 static float row_dot(const uint8_t *w, Row x, long in, int type) {
@@ -323,20 +411,23 @@ long row_bytes(int type, long in) {
 int gguf_matmul(const float *x, long rows, long in, const uint8_t *w, int type, long out, float *y, int threads) {
     long stride = row_bytes(type, in);
     if (stride == 0) return -1;
+    long floats = in / 32 + in / 16 + in / 4 + in / 4;  /* a row's xs, xsum, xs8, xsum8 */
     int8_t *xq = malloc(rows * in);
-    float *xs = malloc(rows * (in / 32) * sizeof(float)), *xsum = malloc(rows * (in / 16) * sizeof(float));
-    if (!xq || !xs || !xsum) {
-        free(xq), free(xs), free(xsum);
+    float *f = malloc(rows * floats * sizeof(float));
+    Row *xr = malloc(rows * sizeof(Row));
+    if (!xq || !f || !xr) {
+        free(xq), free(f), free(xr);
         return -2;
     }
-    for (long r = 0; r < rows; r++) quantize_row(x + r * in, in, xq + r * in, xs + r * (in / 32), xsum + r * (in / 16));
+    for (long r = 0; r < rows; r++) {
+        float *xs = f + r * floats, *xsum = xs + in / 32, *xs8 = xsum + in / 16, *xsum8 = xs8 + in / 4;
+        quantize_row(x + r * in, in, xq + r * in, xs, xsum, xs8, xsum8);
+        xr[r] = (Row){xq + r * in, xs, xsum, xs8, xsum8};
+    }
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long o = 0; o < out; o++)
-        for (long r = 0; r < rows; r++) {
-            Row xr = {xq + r * in, xs + r * (in / 32), xsum + r * (in / 16)};
-            y[r * out + o] = row_dot(w + o * stride, xr, in, type);
-        }
-    free(xq), free(xs), free(xsum);
+        for (long r = 0; r < rows; r++) y[r * out + o] = row_dot(w + o * stride, xr[r], in, type);
+    free(xq), free(f), free(xr);
     return 0;
 }
 """
@@ -350,7 +441,6 @@ def gguf_library() -> ctypes.CDLL | None:
         return None
     p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     c.gguf_matmul.argtypes = [p, n, n, p, i, n, p, i]
-    c.row_bytes.argtypes, c.row_bytes.restype = [i, n], n
     return c
 
 
@@ -360,21 +450,25 @@ def gguf_kernel() -> str:
     return "torch" if lib is None else "C with AVX512-VNNI" if lib.vnni() else "C"
 
 
-@library.custom_op("hardway::gguf_matmul", mutates_args=())
+def row_bytes(type_id: int, in_features: int) -> int:
+    """The bytes of a row of `in_features` weights of ggml type `type_id` (whole blocks), as the C kernel's row_bytes."""
+    _, per, nbytes = TENSOR_TYPES[type_id]
+    return in_features // per * nbytes if in_features % per == 0 else 0
+
+
 def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, type_id: int) -> torch.Tensor:
     """x (rows, in) times the matrix stored as `blocks` (out, bytes a row) of ggml type `type_id`, transposed ->
-    (rows, out): the C kernel for fp32 on a CPU, gguf_matmul_torch elsewhere. A torch operator, so that a compiled
-    decode step calls it as one node."""
+    (rows, out): the C kernel for fp32 on a CPU, gguf_matmul_torch elsewhere. Called as the torch operator
+    torch.ops.hardway.gguf_matmul, so that a compiled decode step calls it as one node."""
     lib = gguf_library()
-    type_name = TENSOR_TYPES[type_id][0]
     if lib is None or x.device.type != "cpu" or x.dtype != torch.float32:
-        return gguf_matmul_torch(x, blocks, type_name)
+        return gguf_matmul_torch(x, blocks, TENSOR_TYPES[type_id][0])
     x, blocks = x.contiguous(), blocks.contiguous()
     rows, in_features = x.shape
+    if row_bytes(type_id, in_features) != blocks.shape[1]:
+        raise GGUFError(f"{TENSOR_TYPES[type_id][0]} rows of {in_features} weights are "
+                        f"{row_bytes(type_id, in_features)} bytes, these are {blocks.shape[1]}")
     y = x.new_empty(rows, blocks.shape[0])  # (rows, out)
-    if lib.row_bytes(type_id, in_features) != blocks.shape[1]:
-        raise GGUFError(f"{type_name} rows of {in_features} weights are {lib.row_bytes(type_id, in_features)} bytes, "
-                        f"these are {blocks.shape[1]}")
     status = lib.gguf_matmul(x.data_ptr(), rows, in_features, blocks.data_ptr(), type_id, blocks.shape[0],
                              y.data_ptr(), torch.get_num_threads())
     if status == -2:
@@ -382,6 +476,15 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, type_id: int) -> torch.Te
     return y
 
 
-@gguf_matmul.register_fake
 def gguf_matmul_shape(x, blocks, type_id):  # what torch.compile traces: the answer's shape, no computation
     return x.new_empty(x.shape[0], blocks.shape[0])
+
+
+# Registered through torch's low-level library rather than @custom_op: a decode step calls it about 130 times a
+# token, and custom_op's Python layers (an autograd wrapper, a dispatch back into Python) cost about 10 us a call,
+# some 6% of Gemma 3 270M's token. Defined once a process: lesson 26's cells and the package's copy both run this.
+if not hasattr(torch.ops.hardway, "gguf_matmul"):
+    OPERATOR = library.Library("hardway", "FRAGMENT")
+    OPERATOR.define("gguf_matmul(Tensor x, Tensor blocks, int type_id) -> Tensor")
+    OPERATOR.impl("gguf_matmul", gguf_matmul, "CompositeExplicitAutograd")
+    library.register_fake("hardway::gguf_matmul", gguf_matmul_shape, lib=OPERATOR)

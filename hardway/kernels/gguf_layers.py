@@ -12,7 +12,7 @@ import torch.nn as nn
 from hardway.formats.gguf import GGUFError, GGUFFile, architecture, gguf_checkpoint, hub_name, read_gguf, unpermute_qk
 from hardway.formats.gguf_quants import DEQUANTIZE
 from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS
-from hardway.kernels.layout import lay_out_for_decode
+from hardway.kernels.layout import empty_on_huge_pages, lay_out_for_decode
 from hardway.loading import CausalLM, model_class, resolve
 from hardway.models.gemma3 import gemma3_names
 from hardway.models.llama import hub_to_hardway_names
@@ -79,6 +79,18 @@ def kept_matrices(file: GGUFFile) -> dict[str, str]:
     return kept
 
 
+def on_huge_pages(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of `matrices` (uint8) side by side in one buffer that Linux may back with 2 MB pages (lesson 12's
+    empty_on_huge_pages), each starting on a 64-byte cache line. A token reads every matrix once: through the file's
+    4 KB pages that is an address translation every 4 KB, and the head alone read 1.25x faster on 2 MB pages."""
+    starts, end = [], 0
+    for m in matrices:
+        starts.append(end)
+        end += -(-m.numel() // 64) * 64
+    buffer = empty_on_huge_pages((end,), torch.uint8)  # (end,) bytes
+    return [buffer[start:start + m.numel()].view(m.shape).copy_(m) for start, m in zip(starts, matrices)]
+
+
 def put_in_place(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
@@ -100,14 +112,18 @@ def load_gguf_blocks(path) -> CausalLM:
     config = model.config
     ours = NAMES[model_type](config)
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+    layers, stored = [], []
     for name, hub in kept.items():
-        info = file.tensors[name]
-        out_features, in_features = info.shape
+        out_features = file.tensors[name].shape[0]
         blocks = file.raw(name).reshape(out_features, -1)  # (out, bytes a row): a view of the mapped file
-        layer = ours[hub].removesuffix(".weight")
-        kind = layer.rpartition(".")[2]
+        layers.append(ours[hub].removesuffix(".weight"))
+        kind = layers[-1].rpartition(".")[2]
         if table.permute_qk and kind in heads:
             blocks = unpermute_qk(blocks, heads[kind])  # whole rows moved: the same bytes, in transformers' order
+        stored.append(blocks)
+    for name, layer, blocks in zip(kept, layers, on_huge_pages(stored)):
+        info = file.tensors[name]
+        in_features = info.shape[1]
         if layer == "tok_emb":
             put_in_place(model, "tok_emb", GGUFEmbedding(blocks, info.type_name, in_features))
             if config.tie_word_embeddings:
