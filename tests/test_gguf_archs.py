@@ -52,9 +52,10 @@ def compare(path, needed_keys, model=None):
 
 
 
-def write_qwen3(path, moe: bool, arch: str | None = None):
+def write_qwen3(path, moe: bool, arch: str | None = None, q8_0: bool = False):
     """A tiny random Qwen3 (or Qwen3-MoE) GGUF, tensor names and metadata keys as llama.cpp's converter writes them;
-    arch="qwen2": Qwen2's instead (q/k/v biases, no q/k norms, head_dim = hidden / heads)."""
+    arch="qwen2": Qwen2's instead (q/k/v biases, no q/k norms, head_dim = hidden / heads). q8_0: the layers'
+    projections quantized to Q8_0, as llama-quantize writes them."""
     arch = arch or ("qwen3moe" if moe else "qwen3")
     hidden, heads, kv_heads, head_dim, ff, layers, vocab = 64, 2, 1, 128 if not moe else 32, 96, 2, 160
     if arch == "qwen2":
@@ -66,6 +67,14 @@ def write_qwen3(path, moe: bool, arch: str | None = None):
         return g.normal(0, 0.05, size=shape).astype(np.float32)
 
     writer = gguf.GGUFWriter(path, arch=arch)
+
+    def add_matrix(name, weight):
+        if q8_0:
+            weight = gguf.quants.quantize(weight, gguf.GGMLQuantizationType.Q8_0)  # (out, bytes a row) uint8
+            writer.add_tensor(name, weight, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, weight)
+
     writer.add_context_length(4096)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
@@ -91,10 +100,10 @@ def write_qwen3(path, moe: bool, arch: str | None = None):
     for i in range(layers):
         blk = f"blk.{i}"
         writer.add_tensor(f"{blk}.attn_norm.weight", 1 + w(hidden))
-        writer.add_tensor(f"{blk}.attn_q.weight", w(heads * head_dim, hidden))
-        writer.add_tensor(f"{blk}.attn_k.weight", w(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"{blk}.attn_v.weight", w(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"{blk}.attn_output.weight", w(hidden, heads * head_dim))
+        add_matrix(f"{blk}.attn_q.weight", w(heads * head_dim, hidden))
+        add_matrix(f"{blk}.attn_k.weight", w(kv_heads * head_dim, hidden))
+        add_matrix(f"{blk}.attn_v.weight", w(kv_heads * head_dim, hidden))
+        add_matrix(f"{blk}.attn_output.weight", w(hidden, heads * head_dim))
         if arch == "qwen2":
             writer.add_tensor(f"{blk}.attn_q.bias", w(heads * head_dim))
             writer.add_tensor(f"{blk}.attn_k.bias", w(kv_heads * head_dim))
@@ -109,9 +118,9 @@ def write_qwen3(path, moe: bool, arch: str | None = None):
             writer.add_tensor(f"{blk}.ffn_up_exps.weight", w(experts, expert_ff, hidden))
             writer.add_tensor(f"{blk}.ffn_down_exps.weight", w(experts, hidden, expert_ff))
         else:
-            writer.add_tensor(f"{blk}.ffn_gate.weight", w(ff, hidden))
-            writer.add_tensor(f"{blk}.ffn_up.weight", w(ff, hidden))
-            writer.add_tensor(f"{blk}.ffn_down.weight", w(hidden, ff))
+            add_matrix(f"{blk}.ffn_gate.weight", w(ff, hidden))
+            add_matrix(f"{blk}.ffn_up.weight", w(ff, hidden))
+            add_matrix(f"{blk}.ffn_down.weight", w(hidden, ff))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -133,6 +133,26 @@ def smollm2_blocks(tmp_path_factory):
     return path, load_gguf_blocks(path)
 
 
+def test_qwen2s_biases_are_kept_beside_the_blocks(tmp_path):
+    """Qwen2's q, k and v have biases: the blocks path keeps them (in the stacked projection too). Against the same
+    file dequantized (hardway.load), the logits differ by the rounding alone, far less than without the biases."""
+    from test_gguf_archs import write_qwen3
+
+    path = write_qwen3(tmp_path / "qwen2-q8_0.gguf", moe=False, arch="qwen2", q8_0=True)
+    model, exact = load_gguf_blocks(path), load(path)
+    attn = model.blocks[0].attn
+    assert isinstance(attn.q_proj, GGUFLinear) and torch.equal(attn.q_proj.bias, exact.blocks[0].attn.q_proj.bias)
+    ids = torch.tensor([[1, 17, 42, 99, 3]])  # (1, 5)
+    with torch.inference_mode():
+        reference = exact(ids)  # (1, 5, V)
+        delta = (model(ids) - reference).abs().max().item()
+        for block in model.blocks:  # what dropping the biases would give
+            for stack in block.attn.qkv_proj.stacks:
+                stack.bias = None
+        without = (model(ids) - reference).abs().max().item()
+    assert delta < without / 10, (delta, without)
+
+
 def test_smollm2_q4_1_with_the_converters_row_order(smollm2_blocks):
     """A llama file: q and k rows stored permuted, put back in transformers' order (whole rows of blocks)."""
     path, model = smollm2_blocks

@@ -6,6 +6,8 @@ kernels.gguf_blocks' operator, `GGUFEmbedding` dequantizes the rows it looks up;
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn as nn
 
@@ -14,26 +16,29 @@ from hardway.formats.gguf_quants import DEQUANTIZE
 from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS
 from hardway.kernels.layout import empty_on_huge_pages, lay_out_for_decode
 from hardway.loading import CausalLM, model_class, resolve
-from hardway.models.gemma3 import gemma3_names
-from hardway.models.llama import hub_to_hardway_names
-from hardway.models.qwen3 import qwen3_names
+from hardway.models.gemma3 import GeGLU, Gemma3Attention, gemma3_names
+from hardway.models.llama import MLP, Attention, hub_to_hardway_names
+from hardway.models.qwen3 import QKNormAttention, qwen3_names
 
 
 class GGUFLinear(nn.Module):
-    """An nn.Linear without a bias whose weight is a GGUF's blocks, (out, bytes a row) uint8, as the file stores
-    them. x (..., in) -> (..., out) through gguf_matmul: x rounded to int8 in blocks of 32, integer dot products."""
+    """An nn.Linear whose weight is a GGUF's blocks, (out, bytes a row) uint8, as the file stores them, and whose
+    bias (Qwen2's q, k and v have one), if any, is fp32. x (..., in) -> (..., out) through gguf_matmul: x rounded to
+    int8 in blocks of 32, integer dot products."""
 
-    def __init__(self, blocks: torch.Tensor, type_name: str, in_features: int):
+    def __init__(self, blocks: torch.Tensor, type_name: str, in_features: int, bias: torch.Tensor | None = None):
         super().__init__()
         if type_name not in KERNEL_TYPES:
             raise GGUFError(f"{type_name} blocks are not multiplied as they are; {', '.join(KERNEL_TYPES)} are")
         self.type_name, self.type_id = type_name, TYPE_IDS[type_name]
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks)  # (out, bytes a row) uint8
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # (out,) fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         y = torch.ops.hardway.gguf_matmul.default(x.reshape(-1, self.in_features), self.blocks, self.type_id)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight in fp32, (out, in): what the blocks stand for."""
@@ -41,6 +46,61 @@ class GGUFLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, type={self.type_name}"
+
+
+class StackedProjections(nn.Module):
+    """The projections that read the same input (an attention's q, k and v; an MLP's gate and up) in as few kernel
+    calls as their block types allow: each run of neighbours of one type is one GGUFLinear whose rows are theirs,
+    stacked. x (..., in) -> each projection's (..., out), in order. One call instead of three rounds x once and pays
+    the fixed cost of a call (the dispatch, the threads' start) once: most of the time of a small matrix."""
+
+    def __init__(self, stacks: list[GGUFLinear], sizes: list[list[int]]):
+        super().__init__()
+        self.stacks, self.sizes = nn.ModuleList(stacks), sizes  # sizes: each stack's projections' out_features
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(y for stack, sizes in zip(self.stacks, self.sizes) for y in stack(x).split(sizes, dim=-1))
+
+
+class StackedQKV:
+    """Lesson 09's `project` (q, k, v) through a StackedProjections named `qkv_proj`."""
+    stacked, members = "qkv_proj", ("q_proj", "k_proj", "v_proj")
+
+    def project(self, x):  # (B, T, C) -> (B, T, n_head * d), (B, T, n_kv_head * d) twice
+        return self.qkv_proj(x)
+
+
+class StackedGateUp:
+    """Lesson 09's `gate_up` through a StackedProjections named `gate_up_proj`."""
+    stacked, members = "gate_up_proj", ("gate_proj", "up_proj")
+
+    def gate_up(self, x):  # (B, T, C) -> (B, T, H) twice
+        return self.gate_up_proj(x)
+
+
+class StackedAttention(StackedQKV, Attention):
+    """Lesson 09's attention, its q, k and v stacked."""
+
+
+class StackedQKNormAttention(StackedQKV, QKNormAttention):
+    """Lesson 20's attention with q and k norms (Qwen3), its q, k and v stacked."""
+
+
+class StackedGemma3Attention(StackedQKV, Gemma3Attention):
+    """Lesson 20's Gemma 3 attention, its q, k and v stacked."""
+
+
+class StackedMLP(StackedGateUp, MLP):
+    """Lesson 09's SwiGLU, its gate and up stacked."""
+
+
+class StackedGeGLU(StackedGateUp, GeGLU):
+    """Lesson 20's GeGLU (Gemma 3), its gate and up stacked."""
+
+
+# a model's module class -> the same with its projections stacked, when they are all blocks
+STACKED = {cls.__bases__[1]: cls for cls in (StackedAttention, StackedQKNormAttention, StackedGemma3Attention,
+                                            StackedMLP, StackedGeGLU)}
 
 
 class GGUFEmbedding(nn.Module):
@@ -91,6 +151,28 @@ def on_huge_pages(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
     return [buffer[start:start + m.numel()].view(m.shape).copy_(m) for start, m in zip(starts, matrices)]
 
 
+def stacking(model: nn.Module, matrices: dict) -> tuple[list[list[str]], set[str]]:
+    """How load_gguf_blocks stores the matrices (our layer name -> (blocks, type name, in_features)): runs of layer
+    names, each run one piece of memory, its layers' rows one after the other. A module in STACKED whose projections
+    are all in `matrices` has its neighbours of one type (and one kind of bias) in one run; every other matrix is a
+    run of its own. Also the names of the layers whose runs are stacked."""
+    runs, stacked = [], set()
+    for parent, module in model.named_modules():
+        if type(module) not in STACKED:
+            continue
+        members = [f"{parent}.{name}" for name in STACKED[type(module)].members]
+        if all(layer in matrices for layer in members):
+            same = lambda layer: (matrices[layer][1], bias_of(model, layer) is None)  # noqa: E731
+            runs += [list(run) for _, run in itertools.groupby(members, key=same)]
+            stacked |= set(members)
+    return runs + [[layer] for layer in matrices if layer not in stacked], stacked
+
+
+def bias_of(model: nn.Module, layer: str) -> torch.Tensor | None:
+    """The fp32 bias of the layer that `layer` names in the model as built (Qwen2's q, k, v), or None."""
+    return None if layer == "tok_emb" else getattr(model.get_submodule(layer), "bias", None)
+
+
 def put_in_place(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
@@ -112,22 +194,37 @@ def load_gguf_blocks(path) -> CausalLM:
     config = model.config
     ours = NAMES[model_type](config)
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    layers, stored = [], []
+    matrices = {}  # our layer name -> (its blocks (out, bytes a row), type name, in_features)
     for name, hub in kept.items():
-        out_features = file.tensors[name].shape[0]
-        blocks = file.raw(name).reshape(out_features, -1)  # (out, bytes a row): a view of the mapped file
-        layers.append(ours[hub].removesuffix(".weight"))
-        kind = layers[-1].rpartition(".")[2]
-        if table.permute_qk and kind in heads:
-            blocks = unpermute_qk(blocks, heads[kind])  # whole rows moved: the same bytes, in transformers' order
-        stored.append(blocks)
-    for name, layer, blocks in zip(kept, layers, on_huge_pages(stored)):
         info = file.tensors[name]
-        in_features = info.shape[1]
-        if layer == "tok_emb":
-            put_in_place(model, "tok_emb", GGUFEmbedding(blocks, info.type_name, in_features))
+        blocks = file.raw(name).reshape(info.shape[0], -1)  # (out, bytes a row): a view of the mapped file
+        layer = ours[hub].removesuffix(".weight")
+        if table.permute_qk and layer.rpartition(".")[2] in heads:
+            blocks = unpermute_qk(blocks, heads[layer.rpartition(".")[2]])  # whole rows moved, as transformers' order
+        matrices[layer] = (blocks, info.type_name, info.shape[1])
+    runs, stacked = stacking(model, matrices)
+    together = [matrices[run[0]][0] if len(run) == 1 else torch.cat([matrices[layer][0] for layer in run])
+                for run in runs]  # a run's rows, one after the other
+    groups = {}  # module name -> [(a stack's GGUFLinear, its layers' names)], in the order of its projections
+    for run, blocks in zip(runs, on_huge_pages(together)):
+        _, type_name, in_features = matrices[run[0]]
+        biases = [bias_of(model, layer) for layer in run]
+        if run == ["tok_emb"]:
+            put_in_place(model, "tok_emb", GGUFEmbedding(blocks, type_name, in_features))
             if config.tie_word_embeddings:
-                put_in_place(model, "lm_head", GGUFLinear(blocks, info.type_name, in_features))
-        else:
-            put_in_place(model, layer, GGUFLinear(blocks, info.type_name, in_features))
+                put_in_place(model, "lm_head", GGUFLinear(blocks, type_name, in_features))
+            continue
+        rows = 0
+        for layer, bias in zip(run, biases):  # each layer a view of its rows of the run
+            n = matrices[layer][0].shape[0]
+            put_in_place(model, layer, GGUFLinear(blocks[rows:rows + n], type_name, in_features, bias))
+            rows += n
+        if run[0] in stacked:
+            stack = GGUFLinear(blocks, type_name, in_features, None if biases[0] is None else torch.cat(biases))
+            groups.setdefault(run[0].rpartition(".")[0], []).append((stack, run))
+    for parent, stacks in groups.items():
+        module = model.get_submodule(parent)
+        module.__class__ = STACKED[type(module)]  # the same module, its project or gate_up now one call per stack
+        setattr(module, module.stacked, StackedProjections(
+            [stack for stack, _ in stacks], [[matrices[layer][0].shape[0] for layer in run] for _, run in stacks]))
     return lay_out_for_decode(model)  # what is left in fp32, laid out as hardway.load lays it out

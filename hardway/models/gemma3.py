@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hardway.errors import ConfigError, check_int, check_number
 from hardway.loading import Checkpoint
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
-from hardway.models.llama import Llama, RotaryEmbedding, apply_rope, assign_weights, repeat_kv
+from hardway.models.llama import MLP, Attention, Llama, RotaryEmbedding, apply_rope, assign_weights, repeat_kv
 from hardway.models.rope_scaling import context_length, rope_scaling_from  # lesson 23
 
 
@@ -208,12 +208,15 @@ class Gemma3Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps)
 
+    project = Attention.project  # the three projections, as lesson 09's
+
     def qkv(self, x, cos, sin):  # x: (B, T, C); cos, sin: (T, d) or (B, 1, T, d)
         """The normed, rotated queries (B, n_head, T, d) and keys (B, n_kv_head, T, d), and the values."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)     # (B, n_head, T, d)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, n_kv_head, T, d)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
+        q, k, v = self.project(x)
+        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim)).transpose(1, 2)     # (B, n_head, T, d)
+        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, n_kv_head, T, d)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C)
@@ -237,8 +240,11 @@ class GeGLU(nn.Module):
         self.up_proj = nn.Linear(C, H, bias=False)
         self.down_proj = nn.Linear(H, C, bias=False)
 
+    gate_up = MLP.gate_up  # the two projections, as lesson 09's
+
     def forward(self, x):  # (B, T, C)
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))  # (B, T, H) -> (B, T, C)
+        gate, up = self.gate_up(x)  # (B, T, H) each
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)  # (B, T, H) -> (B, T, C)
 
 
 class Gemma3Block(nn.Module):

@@ -229,12 +229,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(C, self.n_kv_head * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.n_head * d, C, bias=config.o_proj_bias)
 
+    def project(self, x):  # x: (B, T, C)
+        """The three projections of x, heads not yet split: (B, T, n_head * d), (B, T, n_kv_head * d) twice. A product
+        each here; lesson 26 computes the three in one call for a GGUF's blocks."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def qkv(self, x, cos, sin):  # x: (B, T, C); cos, sin: (T, d)
         """The rotated queries (B, n_head, T, d) and keys (B, n_kv_head, T, d), and the values (B, n_kv_head, T, d)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, n_head, T, d)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
+        q, k, v = self.project(x)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, n_head, T, d)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v  # positions enter here, and only here
 
     def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C); cos, sin: (T, d)
@@ -259,8 +265,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(C, H, bias=config.mlp_bias)
         self.down_proj = nn.Linear(H, C, bias=config.mlp_bias)
 
+    def gate_up(self, x):  # (B, T, C)
+        """The gate's and the up projection, (B, T, H) each: a product each here, one call in lesson 26."""
+        return self.gate_proj(x), self.up_proj(x)
+
     def forward(self, x):  # (B, T, C)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, H) → (B, T, C)
+        gate, up = self.gate_up(x)  # (B, T, H) each
+        return self.down_proj(F.silu(gate) * up)  # (B, T, H) → (B, T, C)
 
 
 class Block(nn.Module):

@@ -44,9 +44,10 @@ class QKNormAttention(Attention):
     def qkv(self, x, cos, sin):  # x: (B, T, C); cos, sin: (T, d)
         """The normed, rotated queries (B, n_head, T, d) and keys (B, n_kv_head, T, d), and the values."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)     # (B, n_head, T, d)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, n_kv_head, T, d)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
+        q, k, v = self.project(x)  # lesson 09's three projections
+        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim)).transpose(1, 2)     # (B, n_head, T, d)
+        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, n_kv_head, T, d)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, d)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
