@@ -104,3 +104,23 @@ def test_stats_are_the_last_steps_record_not_the_live_counters(tiny_llama):  # n
     assert worker.stats()["waiting"] == 0 and worker.stats()["preemptions"] == last.total_preemptions
     engine.abort(seq)  # an abort makes a record
     assert worker.stats()["aborted"] == 1 and worker.stats()["preemptions"] == last.total_preemptions + 7
+
+
+def test_serve_no_repack_holds_the_weights_once(tiny_llama, monkeypatch):  # noqa: F811
+    """`hardway serve --no-repack` sets onednn=False, and an engine so configured multiplies the model's own
+    matrices: no packed copy of any weight. By default the CLI leaves the choice to the engine (None)."""
+    import hardway.server.launch as launch
+    from hardway.cli import main
+    from hardway.kernels.onednn import MergedLinear, OneDNNLinear
+    from test_long_context_memory import SMOLLM2
+
+    seen = {}
+    monkeypatch.setattr(launch, "serve", lambda *args, **kwargs: seen.update(kwargs))
+    assert main(["serve", "--model", SMOLLM2, "--eager", "--no-repack"]) == 0 and seen["config"].onednn is False
+    assert main(["serve", "--model", SMOLLM2, "--eager"]) == 0 and seen["config"].onednn is None
+    model, tokenizer = tiny_llama
+    packed = [m for m in Engine(model, tokenizer, EngineConfig(n_blocks=8, onednn=False)).runner.model.modules()
+              if isinstance(m, (OneDNNLinear, MergedLinear))]
+    assert packed == []
+    assert any(isinstance(m, OneDNNLinear)  # the default, where oneDNN is there: the packed copy
+               for m in Engine(model, tokenizer, EngineConfig(n_blocks=8, onednn=True)).runner.model.modules())
