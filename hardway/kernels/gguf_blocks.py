@@ -226,8 +226,8 @@ static float row_legacy(const uint8_t *w, Row x, long in, int type) {
     long b = 0;
 #if VNNI
     /* two blocks a step: their 16 bytes of nibbles each, as [low halves, high halves] of block b, then of b + 1, in one
-       512-bit register; the fifth bits through a 64-bit mask; each block's minimum against x's sums, as in the loop
-       below */
+       512-bit register; the fifth bits through a 64-bit mask; the weights stay unsigned (0..31), and each block's
+       offset (Q4_0's 8, Q5_0's 16) or minimum meets x's sums (xsum8) in the same vectors as its scale */
     __m512 acc2 = _mm512_setzero_ps();
     const long long F = 0x0004000400040004LL;
     const __m512i shift = _mm512_set_epi64(F, F, 0, 0, F, F, 0, 0), low4 = _mm512_set1_epi8(15);
