@@ -497,7 +497,6 @@ def gguf_matmul_shape(x, blocks, type_id):  # what torch.compile traces: the ans
 # token, and custom_op's Python layers (an autograd wrapper, a dispatch back into Python) cost about 10 us a call,
 # some 6% of Gemma 3 270M's token. Defined once a process: lesson 26's cells and the package's copy both run this.
 if not hasattr(torch.ops.hardway, "gguf_matmul"):
-    OPERATOR = library.Library("hardway", "FRAGMENT")
-    OPERATOR.define("gguf_matmul(Tensor x, Tensor blocks, int type_id) -> Tensor")
-    OPERATOR.impl("gguf_matmul", gguf_matmul, "CompositeExplicitAutograd")
-    library.register_fake("hardway::gguf_matmul", gguf_matmul_shape, lib=OPERATOR)
+    library.define("hardway::gguf_matmul", "(Tensor x, Tensor blocks, int type_id) -> Tensor")
+    library.impl("hardway::gguf_matmul", "CompositeExplicitAutograd", gguf_matmul)  # every device: it picks its path
+    library.register_fake("hardway::gguf_matmul", gguf_matmul_shape)
