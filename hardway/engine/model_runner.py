@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 import threading
+import time
+from contextlib import contextmanager
 
 import torch
 
@@ -28,6 +32,30 @@ def paged_decode_step(model: CausalLM, input_ids: torch.Tensor, attention_mask: 
 
 
 COMPILE_SWITCH_S = 2e-4  # Python's switch interval while a compile runs beside the engine (see compile_in_background)
+
+
+class CompileCancelled(BaseException):
+    """Raised inside the compile thread by CompiledDecode.cancel. A BaseException, as KeyboardInterrupt is: the
+    compiler's own `except Exception` clauses let it through, and the thread ends."""
+
+
+@contextmanager
+def full_collections_held():
+    """No automatic full garbage collection inside; on the way out, one, then everything still alive frozen.
+
+    A full collection walks every object the process tracks, in whichever thread happens to allocate when one is due,
+    holding the GIL from start to end: among a compile's millions of objects, 0.2 to 0.5 s in which no thread of the
+    server runs. The young generations (the objects made since the last collection) are still collected; the full
+    collection waits for the end, and what survives it (the compiled graphs, their guards) is frozen (gc.freeze), so
+    that no later collection walks it again."""
+    young, middle, full = gc.get_threshold()
+    gc.set_threshold(young, middle, 1 << 30)  # a full collection after 2**30 collections of generation 1: never
+    try:
+        yield
+    finally:
+        gc.set_threshold(young, middle, full)
+        gc.collect()
+        gc.freeze()
 
 
 class CompiledDecode:
@@ -53,6 +81,7 @@ class CompiledDecode:
                        for b in self.batch_sizes}
         self.ready: set[int] = set()  # the sizes compiled so far: a step runs at no other
         self.error: Exception | None = None  # what a compile in the background raised, if it did
+        self.thread: threading.Thread | None = None  # compile_in_background's thread
 
     def padded_size(self, n_rows: int) -> int | None:
         """The batch size a decode of n_rows runs at: the smallest compiled size that holds it (None: none does)."""
@@ -91,28 +120,55 @@ class CompiledDecode:
     def compile_in_background(self, initializer=None) -> threading.Thread:
         """Compile every size in a thread of its own while the engine steps eagerly, on a twin of the pool (the
         engine's thread binds the pool itself before every pass); each size is used from the first step after it is
-        ready. `initializer()` runs first in that thread (the server lowers its priority). A failure is kept in
-        `error`, and the engine stays eager.
+        ready. `initializer()` runs first in that thread. A failure is kept in `error`, and the engine stays eager;
+        `cancel` stops it.
 
-        The compile is Python, holding the GIL, and the engine's thread needs it back after every torch operation:
-        at Python's switch interval of 5 ms, an eager step of a few hundred operations could wait a second. While
-        the compile runs the interval is COMPILE_SWITCH_S, so the engine's thread waits for the GIL that long at
-        most."""
+        The compile and the engine share one process, so they share its cores and its GIL:
+        - **Cores.** While `compiling`, the engine's thread asks torch for one thread fewer (`share_cores`, before
+          every step): the compile, one Python thread, has a core to itself, and no core runs two threads by turns.
+          The compile runs at the engine's priority: at a lower one it would be descheduled while holding the GIL,
+          and the engine's thread and the event loop would wait for a thread the system does not run.
+        - **The GIL.** The compile is Python, holding the GIL, and the engine's thread needs it back after every
+          torch operation: at Python's switch interval of 5 ms, an eager step of a few hundred operations could wait
+          a second. While the compile runs the interval is COMPILE_SWITCH_S, so the engine's thread waits that long
+          at most. The one thing that holds the GIL longer, a full garbage collection, waits for the end
+          (full_collections_held).
+        - **The compiler's state.** dynamo compiles one frame at a time, under a lock of its own: a call of a ready
+          size in the engine's thread checks its guards and runs its code, and a guard that failed there would wait
+          for that lock rather than compile beside the thread. inductor's table of decompositions, which lesson 12's
+          backend changes for the time of a compile, is read only by compiles."""
         def compile_all():
-            if initializer is not None:
-                initializer()
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(COMPILE_SWITCH_S)
             try:
-                self.compile_now(self.cache.scratch_twin())
-            except Exception as e:  # noqa: BLE001 - kept for the server to report; the engine stays eager
-                self.error = e
-            finally:
-                sys.setswitchinterval(interval)
+                if initializer is not None:
+                    initializer()
+                interval = sys.getswitchinterval()
+                sys.setswitchinterval(COMPILE_SWITCH_S)
+                try:
+                    with full_collections_held():
+                        self.compile_now(self.cache.scratch_twin())
+                except Exception as e:  # noqa: BLE001 - kept for the server to report; the engine stays eager
+                    self.error = e
+                finally:
+                    sys.setswitchinterval(interval)
+            except CompileCancelled:
+                pass  # cancelled: the sizes not ready stay eager
 
-        thread = threading.Thread(target=compile_all, name="compile", daemon=True)
-        thread.start()
-        return thread
+        self.thread = threading.Thread(target=compile_all, name="compile", daemon=True)
+        self.thread.start()
+        return self.thread
+
+    def cancel(self, timeout: float = 30.0) -> bool:
+        """Stop a compile running in the background, and wait for its thread to end -> whether it has ended (True
+        when none ran). Python cannot stop a thread from outside, but it can make one raise: CompileCancelled is
+        raised in the compile thread at its next line of Python, and again every half second until the thread ends
+        (a C compiler it waits for must finish first). A server calls this before it exits: a thread left in torch's
+        C++ code while the interpreter shuts down is ended there, and the process aborts."""
+        deadline = time.monotonic() + timeout
+        while self.thread is not None and self.thread.is_alive() and time.monotonic() < deadline:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
+                                                       ctypes.py_object(CompileCancelled))
+            self.thread.join(0.5)
+        return self.thread is None or not self.thread.is_alive()
 
 
 class ModelRunner:

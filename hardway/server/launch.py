@@ -137,17 +137,23 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
         return engine_class(model, tokenizer, config)
 
     # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
-    # steps compile in another (at a lower priority, ending when they are compiled), and the engine thread computes
-    # everything else (lesson 14, "One thread computes").
+    # steps compile in another (at a lower priority, ending when they are compiled), and the engine thread computes everything else
+    # (lesson 14, "One thread computes").
     engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
-    if engine.runner.decode is not None:
-        engine.runner.decode.compile_in_background(initializer=lower_priority)
+    decode = engine.runner.decode
+    if decode is not None:
+        decode.compile_in_background(initializer=lower_priority)  # the engine's steps first
     http = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    _Server(http, app.state.worker, grace_s).run()
-    if app.state.worker.thread.is_alive():
-        # The engine is still in a step that outlasted the waits above. Exiting normally now would tear down
-        # torch's threads under it, and the process would abort; nobody waits for this step, so end at once.
+    try:
+        _Server(http, app.state.worker, grace_s).run()
+    finally:
+        # A thread still inside torch's C++ code when the interpreter shuts down is ended there, and the process
+        # aborts ("terminate called without an active exception"): the compile is cancelled, and waited for, first.
+        compile_ended = decode is None or decode.cancel()
+    if app.state.worker.thread.is_alive() or not compile_ended:
+        # The engine is still in a step that outlasted the waits above, or the compile in a C compiler that outlasted
+        # the cancel's: nobody waits for either, so end at once, before the interpreter tears down their threads.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
