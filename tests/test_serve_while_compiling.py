@@ -160,7 +160,7 @@ def test_a_prompt_of_one_long_word_is_answered_and_a_stream_beside_it_goes_on(co
     assert not any(word in compiling.stderr() for word in ABORTED), compiling.stderr()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_while_compiling_with_requests_finished_and_in_flight_exits_cleanly(tmp_path, cpu_hog, sig):
     """8 requests at once and a streamed chat, all finished; then 4 streams in flight; then the signal, while the
     decode steps compile: exit 0, every stream ends with its last events, no abort. (The abort came from the compile

@@ -123,16 +123,16 @@ class CompiledDecode:
         ready. `initializer()` runs first in that thread. A failure is kept in `error`, and the engine stays eager;
         `cancel` stops it.
 
-        The compile and the engine share one process, so they share its cores and its GIL:
-        - **Cores.** While `compiling`, the engine's thread asks torch for one thread fewer (`share_cores`, before
-          every step): the compile, one Python thread, has a core to itself, and no core runs two threads by turns.
-          The compile runs at the engine's priority: at a lower one it would be descheduled while holding the GIL,
-          and the engine's thread and the event loop would wait for a thread the system does not run.
+        The compile and the engine share one process, so they share its GIL, its cores and its garbage collector:
         - **The GIL.** The compile is Python, holding the GIL, and the engine's thread needs it back after every
-          torch operation: at Python's switch interval of 5 ms, an eager step of a few hundred operations could wait
-          a second. While the compile runs the interval is COMPILE_SWITCH_S, so the engine's thread waits that long
-          at most. The one thing that holds the GIL longer, a full garbage collection, waits for the end
-          (full_collections_held).
+          torch operation, about a thousand in an eager step: at Python's switch interval of 5 ms the step could wait
+          seconds. While the compile runs the interval is COMPILE_SWITCH_S, so each wait is that long at most.
+        - **The cores.** The server runs the compile at a lower priority (`initializer`), so that it takes the cores
+          the engine leaves. (At the engine's priority, on a core of its own, every eager step waited for the GIL
+          after each operation: four to five times slower.)
+        - **The collector.** A full garbage collection holds the GIL from start to end, in whichever thread
+          happens to allocate: inside a compile's million objects, 0.2 to 0.5 s in which no thread of the server
+          runs. They wait for the compile's end (full_collections_held).
         - **The compiler's state.** dynamo compiles one frame at a time, under a lock of its own: a call of a ready
           size in the engine's thread checks its guards and runs its code, and a guard that failed there would wait
           for that lock rather than compile beside the thread. inductor's table of decompositions, which lesson 12's
@@ -161,13 +161,24 @@ class CompiledDecode:
         """Stop a compile running in the background, and wait for its thread to end -> whether it has ended (True
         when none ran). Python cannot stop a thread from outside, but it can make one raise: CompileCancelled is
         raised in the compile thread at its next line of Python, and again every half second until the thread ends
-        (a C compiler it waits for must finish first). A server calls this before it exits: a thread left in torch's
-        C++ code while the interpreter shuts down is ended there, and the process aborts."""
+        (a C compiler it waits for must finish first; a raise that lands in a callback, which Python reports and
+        drops, is dropped quietly). A server calls this before it exits: a thread left in torch's C++ code while
+        the interpreter shuts down is ended there, and the process aborts."""
+        report = sys.unraisablehook
+
+        def quietly(unraisable):
+            if not isinstance(unraisable.exc_value, CompileCancelled):
+                report(unraisable)
+
         deadline = time.monotonic() + timeout
-        while self.thread is not None and self.thread.is_alive() and time.monotonic() < deadline:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
-                                                       ctypes.py_object(CompileCancelled))
-            self.thread.join(0.5)
+        sys.unraisablehook = quietly
+        try:
+            while self.thread is not None and self.thread.is_alive() and time.monotonic() < deadline:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
+                                                           ctypes.py_object(CompileCancelled))
+                self.thread.join(0.5)
+        finally:
+            sys.unraisablehook = report
         return self.thread is None or not self.thread.is_alive()
 
 

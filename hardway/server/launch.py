@@ -137,8 +137,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
         return engine_class(model, tokenizer, config)
 
     # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
-    # steps compile in another (at a lower priority, ending when they are compiled), and the engine thread computes everything else
-    # (lesson 14, "One thread computes").
+    # steps compile in another (at a lower priority, ending when they are compiled), and the engine thread computes
+    # everything else (lesson 14, "One thread computes").
     engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
     decode = engine.runner.decode
