@@ -23,7 +23,8 @@ from hardway.engine.sequence import SamplingParams
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
-from test_server import HARDWAY, PROMPTS, SMOLLM2, alone, free_port
+from test_server import PROMPTS, SMOLLM2, alone
+from test_server_faults import ServeProcess
 
 ABORTED = ("terminate called", "Traceback", "core dumped")  # what an aborted or crashed process leaves on stderr
 
@@ -37,26 +38,13 @@ def cpu_hog():
     hog.wait()
 
 
-class CompilingServer:
+class CompilingServer(ServeProcess):
     """`hardway serve` on the SmolLM2 stand-in, compiling its default sizes from nothing in the background."""
 
     def __init__(self, tmp_path, *flags):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.err_path = tmp_path / "stderr.txt"
-        self.err = open(self.err_path, "w")
         env = {k: v for k, v in os.environ.items() if k != "HARDWAY_EAGER"}  # compile, as a user's server does
         env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")  # from nothing: the longest compile
-        self.proc = subprocess.Popen([str(HARDWAY), "serve", "--model", SMOLLM2, "--port", str(self.port), *flags],
-                                     stdout=subprocess.DEVNULL, stderr=self.err, env=env)
-        deadline = time.time() + 300
-        while time.time() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.3)
-        raise RuntimeError(f"hardway serve did not start: {self.stderr()}")
+        super().__init__(tmp_path, *flags, env=env)
 
     def stats(self) -> dict:
         return httpx.get(self.url + "/stats", timeout=30).json()
@@ -66,16 +54,6 @@ class CompilingServer:
 
     def health(self) -> int:
         return httpx.get(self.url + "/health", timeout=30).status_code  # a hung event loop: ReadTimeout, a failure
-
-    def stderr(self) -> str:
-        self.err.flush()
-        return self.err_path.read_text()
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.err.close()
 
 
 def completion(server, prompt, max_tokens, **fields):

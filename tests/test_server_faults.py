@@ -296,13 +296,13 @@ def test_serve_refuses_a_checkpoint_whose_tokenizer_has_ids_the_model_lacks(tmp_
 class ServeProcess:
     """`hardway serve` on the SmolLM2 stand-in, its stderr in a file so that a test can read all of it."""
 
-    def __init__(self, tmp_path, *flags):
+    def __init__(self, tmp_path, *flags, env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.err_path = tmp_path / "stderr.txt"
         self.err = open(self.err_path, "w")
         self.proc = subprocess.Popen([str(HARDWAY), "serve", "--model", SMOLLM2, "--port", str(self.port), *flags],
-                                     stdout=subprocess.DEVNULL, stderr=self.err)
+                                     stdout=subprocess.DEVNULL, stderr=self.err, env=env)
         deadline = time.time() + 300
         while time.time() < deadline and self.proc.poll() is None:
             try:
