@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from hardway.engine.engine import Engine
+from hardway.engine.model_runner import CompileCancelled, CompileGate
 from hardway.engine.sequence import SamplingParams
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
@@ -26,7 +27,7 @@ from hardway.text.tokenizer import load_tokenizer
 from test_server import PROMPTS, SMOLLM2, alone
 from test_server_faults import ServeProcess
 
-ABORTED = ("terminate called", "Traceback", "core dumped")  # what an aborted or crashed process leaves on stderr
+ABORTED = ("terminate called", "Traceback", "core dumped", "leaked")  # what an aborted, crashed or untidy exit prints
 
 
 @pytest.fixture
@@ -202,3 +203,38 @@ def test_cancel_ends_a_compile_in_python_at_once_and_the_engine_goes_on(monkeypa
     while engine.has_work():
         engine.step()
     assert seq.output_ids == alone(model, ids, 3, model.eos_token_ids)
+
+
+def test_the_gate_holds_a_compile_back_while_the_engine_steps():
+    """CompileGate on a thread of Python calls standing in for a compile: while the engine's thread is inside a step,
+    the compile advances by a few slices at most (one every 0.1 s, a 50th of its idle pace); a cancel ends it."""
+    gate = CompileGate()
+    progress = [0]
+
+    def tick():
+        progress[0] += 1
+
+    def compile_like():
+        sys.settrace(gate)
+        try:
+            while True:
+                tick()
+        except CompileCancelled:
+            pass
+        finally:
+            sys.settrace(None)
+
+    thread = threading.Thread(target=compile_like)
+    thread.start()
+    time.sleep(0.5)
+    start = progress[0]
+    time.sleep(1.0)
+    idle = progress[0] - start
+    with gate.engine_stepping():
+        start = progress[0]
+        time.sleep(1.0)
+        stepping = progress[0] - start
+    gate.cancelled = True
+    thread.join(10)
+    assert not thread.is_alive(), "the cancel did not end the compile"
+    assert idle > 0 and stepping < idle / 4, f"{stepping} calls during a step against {idle} when idle"

@@ -198,11 +198,12 @@ class Engine:
         """One forward pass -> each sequence's next token and its TokenLogprobs (None if not asked), or None for a
         prompt chunk that is not its last, or the exception its row raised when its token was picked. Changes no
         sequence: `postprocess` does."""
-        logits = self.runner.forward(seqs, n_new)  # (B, V)
-        done = [i for i, (s, n) in enumerate(zip(seqs, n_new)) if n == s.n_uncomputed]  # every token computed
-        tokens = self.runner.sample([seqs[i] for i in done], logits[done])  # a token, or an exception, per row
-        ids = [t if isinstance(t, int) else 0 for t in tokens]  # a failed row's entry is computed, then dropped
-        entries = picked_logprobs([seqs[i] for i in done], logits[done], ids)  # only those that asked (lesson 19)
+        with self.runner.stepping():  # a compile in the background gives way meanwhile
+            logits = self.runner.forward(seqs, n_new)  # (B, V)
+            done = [i for i, (s, n) in enumerate(zip(seqs, n_new)) if n == s.n_uncomputed]  # every token computed
+            tokens = self.runner.sample([seqs[i] for i in done], logits[done])  # a token, or an exception, per row
+            ids = [t if isinstance(t, int) else 0 for t in tokens]  # a failed row's entry is computed, then dropped
+            entries = picked_logprobs([seqs[i] for i in done], logits[done], ids)  # only those that asked (lesson 19)
         out: list[tuple[int, TokenLogprobs | None] | Exception | None] = [None] * len(seqs)
         for i, token, entry in zip(done, tokens, entries):
             out[i] = token if isinstance(token, Exception) else (token, entry)

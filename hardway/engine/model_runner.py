@@ -9,7 +9,7 @@ import gc
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -31,7 +31,50 @@ def paged_decode_step(model: CausalLM, input_ids: torch.Tensor, attention_mask: 
                  last_only=True)
 
 
-COMPILE_SWITCH_S = 2e-4  # Python's switch interval while a compile runs beside the engine (see compile_in_background)
+COMPILE_SLICE_S = 0.002  # how long the compile thread runs between two looks at the engine (CompileGate)
+
+
+class CompileGate:
+    """Where a compile in the background gives way to the engine: a trace function (`sys.settrace`, set in the compile
+    thread for that thread alone) that Python calls at every call of a Python function in the compile. Every
+    COMPILE_SLICE_S of compiling it looks at the engine: while the engine's thread is inside a step (`engine_stepping`)
+    it waits for the step to end, holding neither the GIL nor a core; otherwise it lets the other threads take the GIL
+    once. So the engine's steps and the event loop never wait for the compile for more than a slice, and the compile
+    runs in the time the engine leaves. A cancel is raised here too, at the compile's next call.
+
+    The price: Python calls the trace function at each of the compile's millions of calls, which makes the compile about
+    twice as slow (measured: 16.3 against 8.9 s for one size)."""
+
+    def __init__(self):
+        self.engine_idle = threading.Event()  # set between the engine's steps
+        self.engine_idle.set()
+        self.cancelled = False
+        self.calls = 0
+        self.slice_started = time.perf_counter()
+
+    @contextmanager
+    def engine_stepping(self):
+        """Around each step of the engine's thread: the compile waits meanwhile."""
+        self.engine_idle.clear()
+        try:
+            yield
+        finally:
+            self.engine_idle.set()
+
+    def __call__(self, frame, event, arg):
+        self.calls += 1
+        if self.calls % 64 == 0 and time.perf_counter() - self.slice_started > COMPILE_SLICE_S:
+            self.give_way()
+        return None  # no tracing of the function's lines: calls only
+
+    def give_way(self) -> None:
+        # A bounded wait: should the engine's step ever need the compiler's lock (a guard failing in it), which this
+        # thread holds, the two would otherwise wait for each other
+        self.engine_idle.wait(timeout=0.1)
+        time.sleep(0)  # the GIL to whoever waits for it: the engine's thread between steps, the event loop
+        if self.cancelled:
+            raise CompileCancelled
+        self.slice_started = time.perf_counter()
 
 
 class CompileCancelled(BaseException):
@@ -41,21 +84,20 @@ class CompileCancelled(BaseException):
 
 @contextmanager
 def full_collections_held():
-    """No automatic full garbage collection inside; on the way out, one, then everything still alive frozen.
+    """No automatic full garbage collection inside; on the way out, everything the collector tracks frozen.
 
     A full collection walks every object the process tracks, in whichever thread happens to allocate when one is due,
-    holding the GIL from start to end: among a compile's millions of objects, 0.2 to 0.5 s in which no thread of the
-    server runs. The young generations (the objects made since the last collection) are still collected; the full
-    collection waits for the end, and what survives it (the compiled graphs, their guards) is frozen (gc.freeze), so
-    that no later collection walks it again."""
+    holding the GIL from start to end: among a compile's million objects, 0.2 to 0.5 s in which no thread of the
+    server runs. The young generations (the objects made since the last collection) are still collected. At the end,
+    what the compile left (the compiled graphs, their guards, and the cycles it dropped) is frozen (gc.freeze): no
+    later collection walks it. Collecting those cycles first would be one more such pause, of about a second."""
     young, middle, full = gc.get_threshold()
     gc.set_threshold(young, middle, 1 << 30)  # a full collection after 2**30 collections of generation 1: never
     try:
         yield
     finally:
-        gc.set_threshold(young, middle, full)
-        gc.collect()
         gc.freeze()
+        gc.set_threshold(young, middle, full)
 
 
 class CompiledDecode:
@@ -82,6 +124,7 @@ class CompiledDecode:
         self.ready: set[int] = set()  # the sizes compiled so far: a step runs at no other
         self.error: Exception | None = None  # what a compile in the background raised, if it did
         self.thread: threading.Thread | None = None  # compile_in_background's thread
+        self.gate = CompileGate()  # where that thread gives way to the engine's steps
 
     def padded_size(self, n_rows: int) -> int | None:
         """The batch size a decode of n_rows runs at: the smallest compiled size that holds it (None: none does)."""
@@ -124,12 +167,13 @@ class CompiledDecode:
         `cancel` stops it.
 
         The compile and the engine share one process, so they share its GIL, its cores and its garbage collector:
-        - **The GIL.** The compile is Python, holding the GIL, and the engine's thread needs it back after every
-          torch operation, about a thousand in an eager step: at Python's switch interval of 5 ms the step could wait
-          seconds. While the compile runs the interval is COMPILE_SWITCH_S, so each wait is that long at most.
-        - **The cores.** The server runs the compile at a lower priority (`initializer`), so that it takes the cores
-          the engine leaves. (At the engine's priority, on a core of its own, every eager step waited for the GIL
-          after each operation: four to five times slower.)
+        - **The GIL and the cores.** The compile is Python, holding the GIL, and the engine's thread needs it back
+          after every torch operation, about a thousand in an eager step: each such wait is Python's switch
+          interval (5 ms) at most, so a step could wait seconds. The compile thread gives way instead: its
+          CompileGate makes it wait, holding nothing, while the engine's thread is inside a step, so every step runs as
+          if nothing were compiling, and the compile takes the time between steps and when the engine is idle.
+          (Lowering the compile thread's priority does not do it: a thread that holds the GIL when the system does
+          not run it makes every other thread wait.)
         - **The collector.** A full garbage collection holds the GIL from start to end, in whichever thread
           happens to allocate: inside a compile's million objects, 0.2 to 0.5 s in which no thread of the server
           runs. They wait for the compile's end (full_collections_held).
@@ -141,15 +185,14 @@ class CompiledDecode:
             try:
                 if initializer is not None:
                     initializer()
-                interval = sys.getswitchinterval()
-                sys.setswitchinterval(COMPILE_SWITCH_S)
+                sys.settrace(self.gate)  # this thread only
                 try:
                     with full_collections_held():
                         self.compile_now(self.cache.scratch_twin())
                 except Exception as e:  # noqa: BLE001 - kept for the server to report; the engine stays eager
                     self.error = e
                 finally:
-                    sys.setswitchinterval(interval)
+                    sys.settrace(None)
             except CompileCancelled:
                 pass  # cancelled: the sizes not ready stay eager
 
@@ -160,9 +203,9 @@ class CompiledDecode:
     def cancel(self, timeout: float = 30.0) -> bool:
         """Stop a compile running in the background, and wait for its thread to end -> whether it has ended (True
         when none ran). Python cannot stop a thread from outside, but it can make one raise: CompileCancelled is
-        raised in the compile thread at its next line of Python, and again every half second until the thread ends
-        (a C compiler it waits for must finish first; a raise that lands in a callback, which Python reports and
-        drops, is dropped quietly). A server calls this before it exits: a thread left in torch's C++ code while
+        raised in the compile thread by its gate, and, in case that raise is caught or the gate is not reached, at
+        its next line of Python, every half second until the thread ends (a C compiler it waits for must finish
+        first; a raise that lands in a callback, which Python reports and drops, is dropped quietly). A server calls this before it exits: a thread left in torch's C++ code while
         the interpreter shuts down is ended there, and the process aborts."""
         report = sys.unraisablehook
 
@@ -170,6 +213,7 @@ class CompiledDecode:
             if not isinstance(unraisable.exc_value, CompileCancelled):
                 report(unraisable)
 
+        self.gate.cancelled = True  # raised at the compile's next look at the engine
         deadline = time.monotonic() + timeout
         sys.unraisablehook = quietly
         try:
@@ -209,6 +253,11 @@ class ModelRunner:
         self.model = with_onednn_linears(model) if onednn else model  # its parameters are the model's own
         self.decode = CompiledDecode(self.model, self.cache, config.compile_sizes, config.backend) \
             if config.compile_sizes else None
+
+    def stepping(self):
+        """Around a step's computation, in the engine's thread: a compile in the background waits meanwhile
+        (CompileGate)."""
+        return nullcontext() if self.decode is None else self.decode.gate.engine_stepping()
 
     def map_slots(self, seq: Sequence, n_positions: int) -> None:
         """Fill in the pool slot of seq's positions up to n_positions, from its block table: only the positions new

@@ -22,7 +22,6 @@ from hardway.engine.engine import Engine
 from hardway.kernels.gguf_layers import load_gguf_blocks
 from hardway.loading import open_model
 from hardway.server.app import create_app
-from hardway.server.tools import lower_priority
 from hardway.server.worker import EngineThread
 from hardway.text.chat import ChatTemplateError
 
@@ -137,26 +136,27 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
         return engine_class(model, tokenizer, config)
 
     # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
-    # steps compile in another (at a lower priority, ending when they are compiled), and the engine thread computes
+    # steps compile in another (giving way to the engine's steps, ending when they are compiled), and the engine thread computes
     # everything else (lesson 14, "One thread computes").
     engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
     decode = engine.runner.decode
     if decode is not None:
-        decode.compile_in_background(initializer=lower_priority)  # the engine's steps first
+        decode.compile_in_background()
     http = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     try:
         _Server(http, app.state.worker, grace_s).run()
     finally:
-        # A thread still inside torch's C++ code when the interpreter shuts down is ended there, and the process
-        # aborts ("terminate called without an active exception"): the compile is cancelled, and waited for, first.
-        compile_ended = decode is None or decode.cancel()
-    if app.state.worker.thread.is_alive() or not compile_ended:
-        # The engine is still in a step that outlasted the waits above, or the compile in a C compiler that outlasted
-        # the cancel's: nobody waits for either, so end at once, before the interpreter tears down their threads.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        if decode is not None:
+            decode.cancel()  # whatever it was writing into the compile cache is written whole
+    # Every conversation has had its last word. The process ends here rather than through the interpreter's
+    # teardown: a thread still inside torch's C++ code then (the engine in a step that outlasted the waits above,
+    # the compile in a C compiler that outlasted the cancel) is ended there and the process aborts ("terminate
+    # called without an active exception"), and the compiler's libraries print pages of warnings about objects
+    # still alive (triton's "nanobind: leaked").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @contextmanager
