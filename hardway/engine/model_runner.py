@@ -205,8 +205,9 @@ class CompiledDecode:
         when none ran). Python cannot stop a thread from outside, but it can make one raise: CompileCancelled is
         raised in the compile thread by its gate, and, in case that raise is caught or the gate is not reached, at
         its next line of Python, every half second until the thread ends (a C compiler it waits for must finish
-        first; a raise that lands in a callback, which Python reports and drops, is dropped quietly). A server calls this before it exits: a thread left in torch's C++ code while
-        the interpreter shuts down is ended there, and the process aborts."""
+        first; a raise that lands in a callback, which Python reports and drops, is dropped quietly). A server
+        calls this before it exits: a thread left in torch's C++ code while the interpreter shuts down is ended
+        there, and the process aborts."""
         report = sys.unraisablehook
 
         def quietly(unraisable):

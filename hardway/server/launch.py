@@ -136,8 +136,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
         return engine_class(model, tokenizer, config)
 
     # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
-    # steps compile in another (giving way to the engine's steps, ending when they are compiled), and the engine thread computes
-    # everything else (lesson 14, "One thread computes").
+    # steps compile in another (giving way to the engine's steps, ending when they are compiled), and the engine
+    # thread computes everything else (lesson 14, "One thread computes").
     engine = in_a_thread_of_its_own(build_engine)
     app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
     decode = engine.runner.decode
@@ -149,14 +149,15 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
     finally:
         if decode is not None:
             decode.cancel()  # whatever it was writing into the compile cache is written whole
-    # Every conversation has had its last word. The process ends here rather than through the interpreter's
-    # teardown: a thread still inside torch's C++ code then (the engine in a step that outlasted the waits above,
-    # the compile in a C compiler that outlasted the cancel) is ended there and the process aborts ("terminate
-    # called without an active exception"), and the compiler's libraries print pages of warnings about objects
-    # still alive (triton's "nanobind: leaked").
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    if decode is not None or app.state.worker.thread.is_alive():
+        # Every conversation has had its last word: the process ends here rather than through the interpreter's
+        # teardown. A thread still inside torch's C++ code then (the engine in a step that outlasted the waits
+        # above, the compile in a C compiler that outlasted the cancel) is ended there and the process aborts
+        # ("terminate called without an active exception"); and once the compiler has been loaded, its libraries
+        # print pages of warnings about objects still alive (triton's "nanobind: leaked").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @contextmanager
