@@ -25,7 +25,6 @@ from hardway.decode.speculative import (
 from hardway.decode.static import StaticDecodeStep, fast_generate
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
-from hardway.kernels.gguf_layers import load_gguf_blocks
 from hardway.kernels.layout import compile_pays
 from hardway.loading import DTYPE_NAMES, check_device, open_model
 from hardway.text.detokenizer import Detokenizer
@@ -37,22 +36,43 @@ def _device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
     return device, DTYPE_NAMES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
 
 
-def _check_gguf_blocks(args, source, device, dtype) -> None:
-    """--gguf-blocks (lesson 26) asks for a .gguf file, run on the CPU in float32 (the C kernel's integer dot
-    products): anything else is refused before the weights load."""
-    if not args.gguf_blocks:
-        return
+def _on_blocks(args, source, device, dtype) -> bool:
+    """Whether the model runs on its GGUF blocks (lesson 26), decided before anything loads. A .gguf file on the CPU
+    in float32 does by default, as llama.cpp runs it: every quantized matrix kept in the file's blocks and multiplied
+    by an int8-rounded row, faster and a quarter of the memory. --exact reads it dequantized instead (lesson 16), the
+    path `hardway verify` holds to transformers, and so does a GPU or another dtype. --gguf-blocks, the older
+    spelling of the default, refuses what the blocks cannot do rather than falling back."""
+    if args.exact and args.gguf_blocks:
+        raise ValueError("--exact and --gguf-blocks ask for opposite paths: give one of them")
+    if args.gguf_blocks:
+        source.check_blocks(device, dtype, asked_by="--gguf-blocks")
+        return True
+    return source.kind == "gguf" and not args.exact and device.type == "cpu" and dtype == torch.float32
+
+
+def _say_which_path(source, on_blocks: bool, device, dtype) -> None:
+    """One line on stderr as a .gguf loads: the path it runs and, on its blocks, the kernel that multiplies them
+    and why (the CPU's features; a C build that failed)."""
     if source.kind != "gguf":
-        raise ValueError(f"--gguf-blocks keeps a .gguf file's quantized blocks; {args.model} is a checkpoint folder")
-    if device.type != "cpu" or dtype != torch.float32:
-        raise ValueError(f"--gguf-blocks runs on the CPU in float32 (lesson 26's kernel); got {device} and {dtype}")
+        return
+    if on_blocks:
+        from hardway.kernels.gguf_blocks import gguf_kernel_choice  # lesson 26: chosen (and built) once
+
+        print(f"hardway: {source.path.name} runs on its quantized blocks (--exact: dequantized to float32, as "
+              f"transformers reads it); kernel {gguf_kernel_choice()}", file=sys.stderr)
+    else:
+        print(f"hardway: {source.path.name} dequantized to {str(dtype).removeprefix('torch.')} on {device}, the exact "
+              f"path", file=sys.stderr)
 
 
 def _load(args, source, device, dtype):
-    """The model: lesson 06's source.load, or with --gguf-blocks lesson 26's load_gguf_blocks (every quantized
-    matrix kept in the file's blocks, multiplied by an int8-rounded row: faster, a quarter of the memory, and
-    predictions that differ from the exact path's by the rounding)."""
-    return load_gguf_blocks(source.path) if args.gguf_blocks else source.load(device=device, dtype=dtype)
+    """The model: lesson 06's source.load, on the file's blocks where _on_blocks says so (lesson 26)."""
+    on_blocks = _on_blocks(args, source, device, dtype)
+    _say_which_path(source, on_blocks, device, dtype)
+    return source.load(device=device, dtype=dtype, blocks=on_blocks)
+
+
+BLOCKS_EVAL_TOKENS = 512  # tokens of the perplexity text over which verify compares a .gguf's two paths
 
 
 def cmd_verify(args) -> int:
@@ -70,6 +90,15 @@ def cmd_verify(args) -> int:
                         max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text,
                         report=lambda checks: print(format_report(checks), flush=True), compile=args.compile)
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
+    source = open_model(args.model)
+    if source.kind == "gguf" and device.type == "cpu":  # what generate, chat and serve run on it by default
+        from hardway.verify.blocks import blocks_against_exact  # lesson 26
+        from hardway.verify.ritual import eval_text
+
+        name, text = eval_text(args.text)
+        ids = torch.tensor(source.tokenizer().encode(text)[:args.max_eval_tokens or BLOCKS_EVAL_TOKENS])  # (N,)
+        print(f"the blocks path (lesson 26; the default of generate, chat and serve on a .gguf) against the exact "
+              f"path, on {name}: {blocks_against_exact(source, ids)}", flush=True)
     failed = [c.name for c in checks if not c.passed]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
     return 1 if failed else 0
@@ -137,7 +166,7 @@ def cmd_generate(args) -> int:
     k = _speculation(args)
     with contextlib.redirect_stdout(sys.stderr):  # whatever loading says (a stand-in's banner) is not the output
         source = open_model(args.model)  # lesson 06: a hub id, a folder or a .gguf file, found and checked
-        _check_gguf_blocks(args, source, device, dtype)
+        _on_blocks(args, source, device, dtype)  # a path the flags refuse: an error before the tokenizer loads
         tokenizer = source.tokenizer()
         stop = {}  # generate's default: the model's EOS ids
         if args.chat:  # no chat template: an error, before the weights load
@@ -186,7 +215,7 @@ def cmd_chat(args) -> int:
     sampling = _sampling(args, device)
     with contextlib.redirect_stdout(sys.stderr):
         source = open_model(args.model)  # lesson 06
-        _check_gguf_blocks(args, source, device, dtype)
+        _on_blocks(args, source, device, dtype)
         chat = source.chat_template()  # lesson 13; no template: an error, early
         model = _load(args, source, device, dtype)
     return chat_loop(model, chat, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
@@ -231,7 +260,8 @@ def cmd_serve(args) -> int:
                           onednn=False if args.no_repack else None)  # lesson 22's packed copy, unless refused
     with contextlib.redirect_stdout(sys.stderr):
         source = open_model(args.model)  # lesson 06: a missing or unreadable model is one line, before the banner
-        _check_gguf_blocks(args, source, device, dtype)
+        on_blocks = _on_blocks(args, source, device, dtype)
+        _say_which_path(source, on_blocks, device, dtype)
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
     # Imported here, not at the top: FastAPI and uvicorn add about a second to the start of every other command.
@@ -239,7 +269,7 @@ def cmd_serve(args) -> int:
 
     serve(source, host=args.host, port=args.port, config=config, device=device, dtype=dtype, grace_s=args.grace,
           engine_class=Engine if args.no_prefix_cache else PrefixCachingEngine,  # lesson 14's, or lesson 15's
-          grammar_budget=grammar_budget, gguf_blocks=args.gguf_blocks)  # lessons 25, 26
+          grammar_budget=grammar_budget, gguf_blocks=on_blocks)  # lessons 25, 26
     return 0
 
 
@@ -269,10 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--prompts", default=None, metavar="FILE", help="with --server: prompts, one per line")
     v.add_argument("--top-logprobs", type=int, default=5, help="with --server: alternatives checked per token")
     blocks = argparse.ArgumentParser(add_help=False)  # lesson 26
+    blocks.add_argument("--exact", action="store_true",
+                        help="a .gguf model dequantized to float32, as transformers reads it (lesson 16): the path "
+                             "`hardway verify` checks. By default a .gguf on the CPU in float32 runs on its quantized "
+                             "blocks (lesson 26), as llama.cpp runs it: faster, a quarter of the memory, predictions "
+                             "off the exact ones by an int8 rounding of the activations")
     blocks.add_argument("--gguf-blocks", action="store_true",
-                        help="a .gguf model with its quantized matrices kept in the file's blocks (lesson 26): an "
-                             "int8-rounded row times the blocks, faster and a quarter of fp32's memory; by default "
-                             "the blocks are dequantized to fp32, the exact path")
+                        help="run a .gguf on its blocks (the default on the CPU in float32), and refuse a folder, a "
+                             "GPU or another dtype instead of reading it exactly")
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("--max-new-tokens", type=int, default=100)
     sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -155,6 +155,7 @@ DECODE_LAYOUT = "hardway.kernels.layout:lay_out_for_decode"
 # and so are lesson 10's tokenizer reader and lesson 13's chat template, for what `open_model` finds.
 GGUF_CONFIG = "hardway.formats.gguf:gguf_config"
 GGUF_CHECKPOINT = "hardway.formats.gguf:gguf_checkpoint"
+GGUF_BLOCKS = "hardway.kernels.gguf_layers:load_gguf_blocks"  # lesson 26: a GGUF's matrices kept in its blocks
 GGUF_CHAT_TEMPLATE = "hardway.formats.gguf:gguf_chat_template"
 TOKENIZER = "hardway.text.tokenizer:load_tokenizer"
 CHAT_TEMPLATE = "hardway.text.chat:ChatTemplate"
@@ -199,10 +200,25 @@ class ModelSource:
             return resolve(GGUF_CHAT_TEMPLATE)(self.path)  # lesson 16: the metadata's, or the folder beside's
         return resolve(CHAT_TEMPLATE).from_folder(self.path)
 
-    def load(self, device="cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
+    def check_blocks(self, device, dtype, asked_by: str = "blocks=True") -> None:
+        """What `blocks=True` needs, checked before anything loads: a .gguf file, on the CPU in float32 (lesson
+        26's C kernel multiplies an fp32 row by the blocks); else a ValueError that says which, in the words of
+        `asked_by` (the command line's flag)."""
+        if self.kind != "gguf":
+            raise ValueError(f"{asked_by} keeps a .gguf file's quantized blocks; {self.name} is a checkpoint folder")
+        if torch.device(device).type != "cpu" or dtype != torch.float32:
+            raise ValueError(f"{asked_by} runs on the CPU in float32 (lesson 26's kernel); got {device} and {dtype}")
+
+    def load(self, device="cpu", dtype: torch.dtype = torch.float32, blocks: bool = False) -> CausalLM:
         """The model, in eval mode: its tensors read once and cast to `dtype` on `device` (a GGUF's dequantized),
-        the class found by model_type, built."""
+        the class found by model_type, built. `blocks=True` (a .gguf on the CPU in float32): lesson 26's path
+        instead, every quantized matrix kept in the file's blocks and multiplied by an int8-rounded row, as
+        llama.cpp runs a GGUF: faster and a quarter of the memory, its predictions off the exact ones by the
+        rounding."""
         device, dtype = check_device(device), check_dtype(dtype)
+        if blocks:
+            self.check_blocks(device, dtype)
+            return resolve(GGUF_BLOCKS)(self.path)
         if self.kind == "gguf":  # one file: the config is in its metadata, the weights quantized
             ckpt = resolve(GGUF_CHECKPOINT)(self.path, device, dtype)
         else:
@@ -250,14 +266,15 @@ def open_model(name_or_path) -> ModelSource:
     return ModelSource(name, folder, "folder")
 
 
-def load(name_or_path, device="cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
+def load(name_or_path, device="cpu", dtype: torch.dtype = torch.float32, blocks: bool = False) -> CausalLM:
     """A ready model, in eval mode, from anything `open_model` takes: a hub repo id (e.g. "openai-community/gpt2"),
-    a local checkpoint folder, or a llama `.gguf` file (lesson 16: its weights dequantized to `dtype`).
+    a local checkpoint folder, or a `.gguf` file (lesson 16: its weights dequantized to `dtype`, exactly as
+    transformers reads it; with `blocks=True`, lesson 26: its quantized matrices kept as the file stores them).
 
     `dtype` is a torch.dtype or its name ("float16"). A bad config.json is a ConfigError that names the file and the
     setting; an unknown device or dtype is a ValueError, raised before anything is read."""
     device, dtype = check_device(device), check_dtype(dtype)
-    return open_model(name_or_path).load(device, dtype)
+    return open_model(name_or_path).load(device, dtype, blocks=blocks)
 
 
 def forward_once(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:

@@ -220,10 +220,10 @@ def test_hardway_generate_runs_a_gguf_file(real, capsys):
     from hardway.cli import main
     from hardway.formats.gguf import gguf_tokenizer
 
-    assert main(["generate", "--model", str(real), "The capital of France is", "--max-new-tokens", "6"]) == 0
+    assert main(["generate", "--model", str(real), "The capital of France is", "--max-new-tokens", "6", "--exact"]) == 0
     tokenizer = gguf_tokenizer(real)
     ids = torch.tensor([tokenizer.encode("The capital of France is")])  # (1, T)
-    expected = hardway.generate(hardway.load(real), ids, max_new_tokens=6)[0, ids.shape[1]:]  # greedy
+    expected = hardway.generate(hardway.load(real), ids, max_new_tokens=6)[0, ids.shape[1]:]  # greedy, exact
     assert capsys.readouterr().out.strip() == tokenizer.decode(expected.tolist()).strip()
 
 

@@ -6,7 +6,10 @@ loaded model's reference is lesson 16's exact reading of the same file (which ma
 test_gemma3_file): rounding the activations moves the predictions a little, never far."""
 
 import ctypes
+import shutil
 import socket
+import struct
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -14,6 +17,7 @@ import pytest
 import torch
 
 import hardway.kernels.gguf_blocks as gguf_blocks
+import hardway.kernels.gguf_layers as gguf_layers
 import hardway.server.launch as server_module
 from hardway import cli
 from hardway.decode.generate import generate
@@ -23,7 +27,7 @@ from hardway.formats.gguf import GGUFError, gemma3_gguf, read_gguf, smollm2_gguf
 from hardway.formats.gguf_quants import TENSOR_TYPES
 from hardway.course import STANDIN_ID
 from hardway.formats.hub import checkpoint, models_dir, shakespeare_path
-from hardway.kernels.c_loops import C_FLAGS, compile_c
+from hardway.kernels.c_loops import compile_c
 from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS, gguf_matmul_torch
 from hardway.kernels.gguf_layers import GGUFEmbedding, GGUFLinear, load_gguf_blocks
 from hardway.loading import load, open_model
@@ -60,32 +64,104 @@ def test_each_type_matches_the_blocks_arithmetic(type_name):
         assert relative_error(reference, exact) > 1e-5
 
 
-def test_the_plain_build_without_vector_instructions_agrees():
-    """The C file's plain loops (a CPU without AVX512-VNNI) compute what its vector path computes."""
-    flags = [flag for flag in C_FLAGS if not flag.startswith("-march")]
-    lib_path = compile_c(gguf_blocks.C_SOURCE, "gguf_blocks_plain", flags)
+def runnable_paths() -> dict:
+    """{name: library} of every C path this CPU can run (the generic one always; AVX2 and AVX-512 where it has them)."""
+    flags = gguf_blocks.cpu_flags()
+    return {name: gguf_blocks.build_kernel(name) for name, (_, needs, _) in gguf_blocks.KERNEL_PATHS.items()
+            if set(needs) <= flags}
+
+
+@pytest.mark.parametrize("type_name", KERNEL_TYPES)
+def test_every_path_this_cpu_runs_gives_the_generic_bits(type_name):
+    """The vector paths add their floats in the plain loops' order: the same bits, not merely close. Widths with an
+    odd number of blocks of 32 (a last unit without a partner) and rows of 1 and 3."""
+    paths = runnable_paths()
+    assert "generic" in paths
+    generator = torch.Generator().manual_seed(10 + TYPE_IDS[type_name])
+    for in_features in ((256, 1280) if type_name.endswith("K") else (32, 544, 576)):
+        blocks = random_blocks(type_name, 37, in_features, generator)  # (37, bytes a row)
+        for rows in (1, 3):
+            x = torch.randn(rows, in_features, generator=generator) * 3  # (rows, in)
+            reference = gguf_blocks.multiply_with(paths["generic"], x, blocks, TYPE_IDS[type_name])  # (rows, 37)
+            for name, library in paths.items():
+                assert torch.equal(gguf_blocks.multiply_with(library, x, blocks, TYPE_IDS[type_name]), reference), name
+
+
+def test_a_path_differing_in_one_float_operation_is_caught(tmp_path):
+    """The bit-for-bit check can fail: the generic file with its lanes' tree added in another order differs."""
+    source = gguf_blocks.c_source("gguf_generic.c").replace("(r4[0] + r4[2]) + (r4[1] + r4[3])",
+                                                             "(r4[0] + r4[1]) + (r4[2] + r4[3])")
+    lib_path = compile_c(source, "gguf_reordered", gguf_blocks.GGUF_C_FLAGS)
     if lib_path is None:
         pytest.skip("no C compiler")
-    lib = ctypes.CDLL(str(lib_path))
-    assert lib.vnni() == 0
+    reordered = ctypes.CDLL(str(lib_path))
     p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    lib.gguf_matmul.argtypes = [p, n, n, p, i, n, p, i]
-    generator = torch.Generator().manual_seed(1)
+    reordered.gguf_matmul.argtypes = [p, n, n, p, i, n, p, i]
+    generator = torch.Generator().manual_seed(3)
+    blocks = random_blocks("Q8_0", 64, 576, generator)  # (64, bytes a row)
+    x = torch.randn(2, 576, generator=generator)  # (2, 576)
+    generic = gguf_blocks.build_kernel("generic")
+    ours = gguf_blocks.multiply_with(generic, x, blocks, TYPE_IDS["Q8_0"])
+    theirs = gguf_blocks.multiply_with(reordered, x, blocks, TYPE_IDS["Q8_0"])
+    assert not torch.equal(ours, theirs) and relative_error(theirs, ours) < 1e-6
+
+
+ARM_TOOLS = ("aarch64-linux-gnu-gcc", "qemu-aarch64")
+
+
+@pytest.mark.skipif(not all(shutil.which(tool) for tool in ARM_TOOLS),
+                    reason="the ARM path needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian: apt install "
+                           "gcc-aarch64-linux-gnu qemu-user)")
+def test_the_arm_path_under_an_emulator_gives_the_generic_bits(tmp_path):
+    """gguf_neon.c, cross-compiled for ARMv8.2 with its dot product and run by qemu-user (exact, slow), against the
+    generic path run here, on every type."""
+    c_dir = Path(gguf_blocks.__file__).parent / "c"
+    program = tmp_path / "gguf_neon"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-ffp-contract=off", "-march=armv8.2-a+dotprod", "-static",
+                    "-I", str(c_dir), str(c_dir / "gguf_neon.c"), str(Path(__file__).parent / "c" / "gguf_driver.c"),
+                    "-o", str(program)], check=True, capture_output=True)
+    generic = gguf_blocks.build_kernel("generic")
+    generator = torch.Generator().manual_seed(4)
     for type_name in KERNEL_TYPES:
-        blocks = random_blocks(type_name, 8, 512, generator)  # (8, bytes a row)
-        x = torch.randn(2, 512, generator=generator)  # (2, 512)
-        y = torch.empty(2, 8)  # (2, 8)
-        assert lib.gguf_matmul(x.data_ptr(), 2, 512, blocks.data_ptr(), TYPE_IDS[type_name], 8, y.data_ptr(), 1) == 0
-        assert relative_error(y, gguf_matmul_torch(x, blocks, type_name)) < 1e-5, type_name
+        in_features = 768 if type_name.endswith("K") else 544
+        blocks = random_blocks(type_name, 21, in_features, generator)  # (21, bytes a row)
+        x = torch.randn(2, in_features, generator=generator)  # (2, in)
+        header = struct.pack("4q", TYPE_IDS[type_name], 2, in_features, 21)
+        run = subprocess.run(["qemu-aarch64", str(program)], input=header + x.numpy().tobytes() + blocks.numpy().tobytes(),
+                             capture_output=True, check=True)
+        arm = torch.frombuffer(bytearray(run.stdout), dtype=torch.float32).reshape(2, 21)
+        assert torch.equal(arm, gguf_blocks.multiply_with(generic, x, blocks, TYPE_IDS[type_name])), type_name
 
 
-def test_without_a_compiler_torch_computes_it(monkeypatch):
-    monkeypatch.setattr(gguf_blocks, "gguf_library", lambda: None)
-    assert gguf_blocks.gguf_kernel() == "torch"
-    generator = torch.Generator().manual_seed(2)
-    blocks = random_blocks("Q4_K", 6, 256, generator)  # (6, bytes a row)
-    x = torch.randn(1, 256, generator=generator)  # (1, 256)
-    assert torch.equal(GGUFLinear(blocks, "Q4_K", 256)(x), gguf_matmul_torch(x, blocks, "Q4_K"))
+def test_the_kernel_is_chosen_by_the_cpu_and_says_why(monkeypatch):
+    for flags, expected in (({"avx2", "fma", "f16c"}, "avx2"), (set(), "generic"),
+                            ({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"}, "avx512_vnni")):
+        monkeypatch.setattr(gguf_blocks, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(gguf_blocks, "build_kernel", lambda name: object())
+        choice = gguf_blocks.choose_kernel()
+        assert choice.name == expected
+        assert gguf_blocks.KERNEL_PATHS[expected][0] in choice.why
+    monkeypatch.setattr(gguf_blocks, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    assert "not avx512_vnni, this CPU lacks avx512f, avx512bw, avx512vl, avx512_vnni" in gguf_blocks.choose_kernel().why
+    with pytest.raises(ValueError, match="the neon kernel needs asimddp, which this CPU lacks"):
+        gguf_blocks.choose_kernel(only="neon")
+
+
+def test_a_failed_build_is_passed_over_with_the_compilers_message(monkeypatch):
+    def build(name):
+        if name == "avx2":
+            raise subprocess.CalledProcessError(1, "cc", stderr="gguf_avx2.c:3:10: error: unknown flag -mavx2\n")
+        return object()
+
+    monkeypatch.setattr(gguf_blocks, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setattr(gguf_blocks, "build_kernel", build)
+    choice = gguf_blocks.choose_kernel()
+    assert choice.name == "generic" and "not avx2, its build failed: gguf_avx2.c:3:10: error: unknown flag" in choice.why
+    monkeypatch.setattr(gguf_blocks, "build_kernel", lambda name: (_ for _ in ()).throw(OSError("no C compiler")))
+    monkeypatch.setattr(gguf_blocks, "_chosen", None)
+    with pytest.warns(RuntimeWarning, match="no C compiler.*multiplied in torch"):
+        assert gguf_blocks.gguf_kernel() == "torch"
+    monkeypatch.setattr(gguf_blocks, "_chosen", None)
 
 
 def test_bad_blocks_are_refused_in_one_line():
@@ -181,31 +257,61 @@ def test_the_engine_serves_a_model_on_its_blocks(smollm2_blocks):
         assert (logp.max(-1).values - chosen).max() < 0.25, (seq.output_ids, logp.max(-1).values - chosen)
 
 
-def recording(monkeypatch, module, model) -> list:
-    """Replaces `module.load_gguf_blocks` by one that hands back `model` (already loaded) and records its path."""
+def recording(monkeypatch, model) -> list:
+    """Replaces lesson 26's load_gguf_blocks, which `load(blocks=True)` calls, by one that hands back `model`
+    (already loaded) and records its path."""
     calls = []
 
     def loader(path):
         calls.append(Path(path))
         return model
-    monkeypatch.setattr(module, "load_gguf_blocks", loader)
+    monkeypatch.setattr(gguf_layers, "load_gguf_blocks", loader)
     return calls
 
 
-def test_hardway_generate_with_gguf_blocks(smollm2_blocks, monkeypatch, capsys):
+@pytest.mark.parametrize("flags", [[], ["--gguf-blocks"]])
+def test_hardway_generate_runs_a_gguf_on_its_blocks_by_default(flags, smollm2_blocks, monkeypatch, capsys):
+    """No flag (the default) and the older --gguf-blocks: the blocks path, and one line that says so and which
+    kernel multiplies them."""
     path, model = smollm2_blocks
-    calls = recording(monkeypatch, cli, model)
-    assert cli.main(["generate", "--model", str(path), "--gguf-blocks", "--eager", "--max-new-tokens", "6",
+    calls = recording(monkeypatch, model)
+    assert cli.main(["generate", "--model", str(path), *flags, "--eager", "--max-new-tokens", "6",
                      "The capital of France is"]) == 0
     tokenizer = open_model(path).tokenizer()
     prompt = tokenizer.encode("The capital of France is")
     expected = generate(model, torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
-    assert calls == [path] and capsys.readouterr().out == tokenizer.decode(expected.tolist()) + "\n"
+    out, err = capsys.readouterr()
+    assert calls == [path] and out == tokenizer.decode(expected.tolist()) + "\n"
+    said = [line for line in err.splitlines() if "runs on its quantized blocks" in line]
+    assert len(said) == 1 and f"kernel {gguf_blocks.gguf_kernel()}: hardway/kernels/c/" in said[0], err
 
 
-def test_hardway_serve_with_gguf_blocks(smollm2_blocks, monkeypatch):
+def test_hardway_generate_exact_reads_a_gguf_in_fp32(smollm2_blocks, monkeypatch, capsys):
+    path, _ = smollm2_blocks
+    calls = recording(monkeypatch, None)
+    assert cli.main(["generate", "--model", str(path), "--exact", "--eager", "--max-new-tokens", "6",
+                     "The capital of France is"]) == 0
+    tokenizer = open_model(path).tokenizer()
+    prompt = tokenizer.encode("The capital of France is")
+    expected = generate(load(path), torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
+    out, err = capsys.readouterr()
+    assert calls == [] and out == tokenizer.decode(expected.tolist()) + "\n"
+    assert "dequantized to float32 on cpu, the exact path" in err
+
+
+def test_load_takes_blocks_and_refuses_what_they_cannot_run(smollm2_blocks, monkeypatch):
     path, model = smollm2_blocks
-    calls = recording(monkeypatch, server_module, model)
+    calls = recording(monkeypatch, model)
+    assert load(path, blocks=True) is model and calls == [path]
+    with pytest.raises(ValueError, match="blocks=True runs on the CPU in float32"):
+        load(path, dtype=torch.float16, blocks=True)
+    with pytest.raises(ValueError, match="blocks=True keeps a .gguf file's quantized blocks"):
+        load(checkpoint(STANDIN_ID), blocks=True)
+
+
+def test_hardway_serve_runs_a_gguf_on_its_blocks_by_default(smollm2_blocks, monkeypatch):
+    path, model = smollm2_blocks
+    calls = recording(monkeypatch, model)
     got = {}
 
     class InThisProcess:
@@ -223,8 +329,7 @@ def test_hardway_serve_with_gguf_blocks(smollm2_blocks, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert cli.main(["serve", "--model", str(path), "--gguf-blocks", "--eager", "--port", str(port),
-                     "--max-batch", "2"]) == 0
+    assert cli.main(["serve", "--model", str(path), "--eager", "--port", str(port), "--max-batch", "2"]) == 0
     tokenizer = open_model(path).tokenizer()
     prompt = tokenizer.encode("One, two, three,")
     expected = generate(model, torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
@@ -232,12 +337,13 @@ def test_hardway_serve_with_gguf_blocks(smollm2_blocks, monkeypatch):
     assert got["completion"]["choices"][0]["text"] == tokenizer.decode(expected.tolist()), got["completion"]
 
 
-@pytest.mark.parametrize("case", ["a folder", "float16"])
+@pytest.mark.parametrize("case", ["a folder", "float16", "both paths"])
 def test_gguf_blocks_refuses_what_it_cannot_run(case, capsys):
     model, words = {
         "a folder": (str(checkpoint(STANDIN_ID)), "--gguf-blocks keeps a .gguf file's quantized blocks"),
-        "float16": (str(gemma3_gguf(models_dir() / "gguf")), "--gguf-blocks runs on the CPU in float32")}[case]
-    dtype = ["--dtype", "float16"] if case == "float16" else []
-    assert cli.main(["generate", "--model", model, "--device", "cpu", *dtype, "--gguf-blocks", "hi"]) == 2
+        "float16": (str(gemma3_gguf(models_dir() / "gguf")), "--gguf-blocks runs on the CPU in float32"),
+        "both paths": (str(gemma3_gguf(models_dir() / "gguf")), "--exact and --gguf-blocks ask for opposite paths")}[case]
+    more = {"float16": ["--dtype", "float16"], "both paths": ["--exact"]}.get(case, [])
+    assert cli.main(["generate", "--model", model, "--device", "cpu", *more, "--gguf-blocks", "hi"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hardway generate: error: ") and words in lines[0], lines

@@ -2,20 +2,26 @@
 
 """A GGUF's quantized matrices kept as the file stores them (lesson 26): the input row rounded to int8 in blocks of
 32, integer dot products against the blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), each block's scale
-applied to its sum, in C (vpdpbusd where the CPU has AVX512-VNNI), else in torch; as `hardway::gguf_matmul`, an
-operator a compiled step calls whole. The layers that hold the blocks are in kernels.gguf_layers."""
+applied to its sum; in C, one file per instruction set in hardway/kernels/c/ (AVX-512 VNNI, AVX2, ARM's dot product,
+plain loops), chosen at run time by the CPU's features, else in torch; as `hardway::gguf_matmul`, an operator a
+compiled step calls whole. The layers that hold the blocks are in kernels.gguf_layers."""
 
 from __future__ import annotations
 
 import ctypes
-from functools import cache
+import platform
+import subprocess
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import library
 
 from hardway.formats.gguf import GGUFError
 from hardway.formats.gguf_quants import DEQUANTIZE, TENSOR_TYPES
-from hardway.kernels.c_loops import open_c_library
+from hardway.kernels.c_loops import compile_c
+from hardway.kernels.c_sources import c_source
 from hardway.kernels.quantized import round_activations
 
 
@@ -36,431 +42,115 @@ def gguf_matmul_torch(x: torch.Tensor, blocks: torch.Tensor, type_name: str) -> 
     return y.to(x.dtype)
 
 
-C_SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define VNNI 1
-#else
-#define VNNI 0
-#endif
-int vnni(void) { return VNNI; }
-
-/* ggml's type ids of the blocks multiplied here */
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-
-static inline float fp16(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
-
-/* One input row rounded to int8 in blocks of 32, as quantize_activations: xs[b] = (largest |x| of block b) / 127,
-   xq = x / xs rounded to the nearest integer, ties to even. xsum[h] = xs[b] * (sum of the 16 xq of half h of the
-   block): what a run's minimum multiplies, computed once for every row of the matrix. xs8 and xsum8 repeat each
-   block's xs, and an eighth of its two xsum, 8 times: one value per int32 lane of a block's vpdpbusd sums, so that
-   the blocks of 32 apply them with one vector operation. */
-typedef struct { const int8_t *xq; const float *xs, *xsum, *xs8, *xsum8; } Row;
-
-static void quantize_row(const float *x, long in, int8_t *xq, float *xs, float *xsum, float *xs8, float *xsum8) {
-    for (long b = 0; b < in / 32; b++) {
-#if VNNI  /* 32 values in two registers; the division and the rounding (ties to even) are the scalar loop's */
-        __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
-        xs[b] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1))) / 127;
-        __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
-        if (xs[b] > 0) {
-            q0 = _mm512_cvtps_epi32(_mm512_div_ps(v0, _mm512_set1_ps(xs[b])));
-            q1 = _mm512_cvtps_epi32(_mm512_div_ps(v1, _mm512_set1_ps(xs[b])));
-        }
-        _mm_storeu_si128((__m128i *)(xq + 32 * b), _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(xq + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
-        xsum[2 * b] = xs[b] * _mm512_reduce_add_epi32(q0), xsum[2 * b + 1] = xs[b] * _mm512_reduce_add_epi32(q1);
-#else
-        float amax = 0;
-        for (long k = 32 * b; k < 32 * b + 32; k++) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
-        xs[b] = amax / 127;
-        for (long h = 2 * b; h < 2 * b + 2; h++) {
-            int sum = 0;
-            for (long k = 16 * h; k < 16 * h + 16; k++) {
-                xq[k] = xs[b] > 0 ? (int8_t)nearbyintf(x[k] / xs[b]) : 0;
-                sum += xq[k];
-            }
-            xsum[h] = xs[b] * sum;
-        }
-#endif
-        for (int l = 0; l < 8; l++) xs8[8 * b + l] = xs[b], xsum8[8 * b + l] = (xsum[2 * b] + xsum[2 * b + 1]) / 8;
-    }
+# Each C path: its file in hardway/kernels/c/, the CPU features it needs (as Linux's /proc/cpuinfo names them) and
+# the compiler flags that let it use them. Tried in this order; the plain loops run on any CPU.
+KERNEL_PATHS = {
+    "avx512_vnni": ("gguf_avx512.c", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+                    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"]),
+    "avx2": ("gguf_avx2.c", ("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
+    "neon": ("gguf_neon.c", ("asimddp",), ["-march=armv8.2-a+dotprod"]),
+    "generic": ("gguf_generic.c", (), []),
 }
-
-/* 32 weights unpacked to unsigned bytes u (0..63), so that w = s u - m. With VNNI one 256-bit register (U32), made
-   by a few shifts and masks; elsewhere an array, made by plain loops. */
-#if VNNI
-typedef __m256i U32;
-#define BYTES(c) _mm256_set1_epi8(c)
-static inline U32 load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-/* 16 bytes of nibbles -> their 16 low halves, then their 16 high halves (Q4_0's and Q5_0's order) */
-static inline U32 nibbles16(const uint8_t *p) {
-    __m128i v = _mm_loadu_si128((const __m128i *)p), low4 = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
-}
-/* 32 bytes of nibbles -> their low halves (shift 0) or their high halves (shift 4) */
-static inline U32 nibbles32(const uint8_t *p, int shift) {
-    return _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), BYTES(15));
-}
-/* + 16 where bit l of `bits` is set: the fifth bits (a mask register selects the bytes) */
-static inline U32 add_16s(U32 u, uint32_t bits) { return _mm256_or_si256(u, _mm256_maskz_mov_epi8(bits, BYTES(16))); }
-/* + ((byte l of p) >> shift & 3) << 4: Q6_K's two high bits */
-static inline U32 add_high2(U32 u, const uint8_t *p, int shift) {
-    __m256i two = _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), BYTES(3));
-    return _mm256_or_si256(u, _mm256_slli_epi16(two, 4));
-}
-/* bit j of each of 32 bytes, as 32 bits */
-static inline uint32_t bit_of_bytes(const uint8_t *p, int j) { return _mm256_test_epi8_mask(load32(p), BYTES(1 << j)); }
-#else
-typedef struct { uint8_t b[32]; } U32;
-static inline U32 nibbles16(const uint8_t *p) {
-    U32 u;
-    for (int l = 0; l < 16; l++) u.b[l] = p[l] & 15, u.b[l + 16] = p[l] >> 4;
-    return u;
-}
-static inline U32 nibbles32(const uint8_t *p, int shift) {
-    U32 u;
-    for (int l = 0; l < 32; l++) u.b[l] = (p[l] >> shift) & 15;
-    return u;
-}
-static inline U32 add_16s(U32 u, uint32_t bits) {
-    for (int l = 0; l < 32; l++) u.b[l] |= ((bits >> l) & 1) << 4;
-    return u;
-}
-static inline U32 add_high2(U32 u, const uint8_t *p, int shift) {
-    for (int l = 0; l < 32; l++) u.b[l] |= ((p[l] >> shift) & 3) << 4;
-    return u;
-}
-static inline uint32_t bit_of_bytes(const uint8_t *p, int j) {
-    uint32_t bits = 0;
-    for (int l = 0; l < 32; l++) bits |= (uint32_t)((p[l] >> j) & 1) << l;
-    return bits;
-}
-#endif
-
-/* The running sum of a row: + sA * (u . xq over the first 16) + sB * (over the next 16). vpdpbusd multiplies 32
-   unsigned bytes by 32 signed ones and adds them in fours into 8 int32 lanes: lanes 0-3 hold the first half, 4-7 the
-   second, each half scaled by its own s in one fused multiply-add; one sum across the lanes per row, at the end.
-   Q8_0's weights are signed: they go in as |w| against x with w's sign (|w| sign(w) x = w x). */
-#if VNNI
-typedef __m256 Acc;
-static inline Acc acc_zero(void) { return _mm256_setzero_ps(); }
-static inline float acc_total(Acc a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-static inline Acc scaled(Acc acc, __m256i dot, float sA, float sB) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set_m128(_mm_set1_ps(sB), _mm_set1_ps(sA)), acc);
-}
-static inline Acc dot32(Acc acc, U32 u, const int8_t *xq, float sA, float sB) {
-    return scaled(acc, _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, load32(xq)), sA, sB);
-}
-/* 64 signed weights (two blocks) times 64 xq: 16 int32 lanes, lanes 0-7 the first block's, 8-15 the second's */
-static inline __m512i signed_dot64(__m512i w, const int8_t *xq) {
-    __m512i x = _mm512_loadu_si512(xq);
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w),
-                               _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x));
-}
-/* the fp16 numbers at p and q as 16 floats: p's in lanes 0-7, q's in lanes 8-15 (two broadcasts, one conversion) */
-static inline __m512 fp16_pair(const uint8_t *p, const uint8_t *q) {
-    uint16_t a, b;
-    memcpy(&a, p, 2), memcpy(&b, q, 2);
-    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)));
-}
-static inline Acc dot32_signed(Acc acc, const int8_t *w, const int8_t *xq, float s) {
-    __m256i wv = load32(w);
-    return scaled(acc, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(load32(xq), wv)),
-                  s, s);
-}
-#else
-typedef float Acc;
-static inline Acc acc_zero(void) { return 0; }
-static inline float acc_total(Acc a) { return a; }
-static inline Acc dot32(Acc acc, U32 u, const int8_t *xq, float sA, float sB) {
-    int a = 0, b = 0;
-    for (int l = 0; l < 16; l++) a += u.b[l] * xq[l], b += u.b[l + 16] * xq[l + 16];
-    return acc + sA * a + sB * b;
-}
-static inline Acc dot32_signed(Acc acc, const int8_t *w, const int8_t *xq, float s) {
-    int a = 0;
-    for (int l = 0; l < 32; l++) a += w[l] * xq[l];
-    return acc + s * a;
-}
-#endif
-
-/* One row of blocks times one rounded row x. Each run of 32 weights meets x's block of 32 at the same place:
-   sum(w x) = xs (sA u_A . xq_A + sB u_B . xq_B) - (mA xsum_A + mB xsum_B), integers inside the parentheses. */
-static float row_q8_0(const uint8_t *w, Row x, long in) {  /* 34 bytes: d, 32 int8 q; w = d q */
-    long b = 0;
-    float total = 0;
-#if VNNI
-    /* two blocks a step in one 512-bit register: lanes 0-7 sum block b, lanes 8-15 block b + 1 */
-    __m512 acc = _mm512_setzero_ps();
-    for (; b + 2 <= in / 32; b += 2, w += 68) {
-        __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(load32(w + 2)), load32(w + 36), 1);
-        __m512i dot = signed_dot64(wv, x.xq + 32 * b);
-        __m512 s = _mm512_insertf32x8(_mm512_set1_ps(fp16(w) * x.xs[b]), _mm256_set1_ps(fp16(w + 34) * x.xs[b + 1]), 1);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc);
-    }
-    total = _mm512_reduce_add_ps(acc);
-#endif
-    Acc rest = acc_zero();
-    for (; b < in / 32; b++, w += 34)
-        rest = dot32_signed(rest, (const int8_t *)(w + 2), x.xq + 32 * b, fp16(w) * x.xs[b]);
-    return total + acc_total(rest);
-}
-
-/* Q4_0 18 bytes: d, 16 bytes of nibbles (low halves: weights 0-15, high: 16-31); w = d (q - 8).
-   Q4_1 20 bytes: d, m, nibbles; w = d q + m.  Q5_0 22 bytes: d, 4 bytes of fifth bits (bit l: weight l),
-   nibbles; w = d (q - 16).  Q5_1 24 bytes: d, m, fifth bits, nibbles; w = d q + m. */
-static float row_legacy(const uint8_t *w, Row x, long in, int type) {
-    int has_min = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
-    int bytes = 18 + 2 * has_min + 4 * five;
-    Acc acc = acc_zero();
-    float mins = 0, total = 0;
-    long b = 0;
-#if VNNI
-    /* two blocks a step: their 16 bytes of nibbles each, as [low halves, high halves] of block b, then of b + 1, in one
-       512-bit register; the fifth bits through a 64-bit mask; the weights stay unsigned (0..31), and each block's
-       offset (Q4_0's 8, Q5_0's 16) or minimum meets x's sums (xsum8) in the same vectors as its scale */
-    __m512 acc2 = _mm512_setzero_ps();
-    const long long F = 0x0004000400040004LL;
-    const __m512i shift = _mm512_set_epi64(F, F, 0, 0, F, F, 0, 0), low4 = _mm512_set1_epi8(15);
-    for (; b + 2 <= in / 32; b += 2, w += 2 * bytes) {
-        __m256i both = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(w + 2 * bytes - 16)),
-                                        _mm_loadu_si128((const __m128i *)(w + bytes - 16)));
-        __m512i wide = _mm512_shuffle_i64x2(_mm512_castsi256_si512(both), _mm512_castsi256_si512(both), 0x50);
-        __m512i u = _mm512_and_si512(_mm512_srlv_epi16(wide, shift), low4);
-        if (five) {
-            uint32_t qh0, qh1;
-            memcpy(&qh0, w + 2 + 2 * has_min, 4), memcpy(&qh1, w + bytes + 2 + 2 * has_min, 4);
-            u = _mm512_mask_add_epi8(u, (__mmask64)qh1 << 32 | qh0, u, _mm512_set1_epi8(16));
-        }
-        __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(x.xq + 32 * b)));
-        __m512 xs = _mm512_loadu_ps(x.xs8 + 8 * b), xsum = _mm512_loadu_ps(x.xsum8 + 8 * b);
-        if (has_min) {  /* w = d q + m */
-            acc2 = _mm512_fmadd_ps(_mm512_mul_ps(dot, xs), fp16_pair(w, w + bytes), acc2);
-            acc2 = _mm512_fmadd_ps(xsum, fp16_pair(w + 2, w + bytes + 2), acc2);
-        } else {  /* w = d (q - 8) or d (q - 16) */
-            __m512 centred = _mm512_fnmadd_ps(_mm512_set1_ps(five ? 16 : 8), xsum, _mm512_mul_ps(dot, xs));
-            acc2 = _mm512_fmadd_ps(centred, fp16_pair(w, w + bytes), acc2);
-        }
-    }
-    total = _mm512_reduce_add_ps(acc2);
-#endif
-    for (; b < in / 32; b++, w += bytes) {
-        float d = fp16(w), m = has_min ? -fp16(w + 2) : (five ? 16 : 8) * d;
-        U32 u = nibbles16(w + bytes - 16);
-        if (five) {
-            uint32_t qh;
-            memcpy(&qh, w + 2 + 2 * has_min, 4);
-            u = add_16s(u, qh);
-        }
-        acc = dot32(acc, u, x.xq + 32 * b, d * x.xs[b], d * x.xs[b]);
-        mins += m * (x.xsum[2 * b] + x.xsum[2 * b + 1]);
-    }
-    return total + acc_total(acc) - mins;
-}
-
-/* Q4_K's and Q5_K's 8 scales and 8 minimums, 6 bits each, packed in 12 bytes (ggml's get_scale_min_k4) */
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63, *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4), *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-/* Q4_K 144 bytes for 256 weights: d, dmin, 12 bytes of scales and mins, 128 bytes of nibbles (bytes 32 i .. 32 i + 31
-   hold run 2 i in their low halves, run 2 i + 1 in their high halves); run j: w = d sc_j q - dmin m_j.
-   Q5_K 176 bytes: d, dmin, scales, 32 bytes of fifth bits (bit j of byte l: weight l of run j), then the nibbles. */
-static float row_k4(const uint8_t *w, Row x, long in, int five) {
-    long b = 0;
-    float total = 0;
-#if VNNI
-    /* A whole super-block in vectors: its 8 runs' scales d sc_j xs in one vector, its minimums against x's 16
-       half-block sums in another, and two runs a step (the low and the high nibbles of the same 32 bytes) in one
-       512-bit vpdpbusd, each half of the 16 lanes scaled by its run's scale. */
-    __m512 acc = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1), low4 = _mm512_set1_epi8(15);
-    for (; b < in / 256; b++, w += five ? 176 : 144) {
-        /* the 8 scales and 8 minimums of scale_min_k4, four at a time in 32-bit words */
-        uint32_t q[3];
-        memcpy(q, w + 4, 12);
-        uint32_t sc_lo = q[0] & 0x3f3f3f3f, sc_hi = (q[2] & 0x0f0f0f0f) | ((q[0] >> 6 & 0x03030303) << 4);
-        uint32_t m_lo = q[1] & 0x3f3f3f3f, m_hi = (q[2] >> 4 & 0x0f0f0f0f) | ((q[1] >> 6 & 0x03030303) << 4);
-        __m128i sc = _mm_set_epi32(0, 0, sc_hi, sc_lo), m = _mm_set_epi32(0, 0, m_hi, m_lo);
-        __m256 scale = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)),
-                                     _mm256_mul_ps(_mm256_loadu_ps(x.xs + 8 * b), _mm256_set1_ps(fp16(w))));
-        __m512 scale16 = _mm512_castps256_ps512(scale);
-        __m512 m16 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(m, m)));  /* each run's m twice */
-        mins = _mm512_fmadd_ps(_mm512_mul_ps(m16, _mm512_set1_ps(fp16(w + 2))), _mm512_loadu_ps(x.xsum + 16 * b), mins);
-        const uint8_t *qs = w + (five ? 48 : 16);
-        __m512i qh = five ? _mm512_broadcast_i64x4(load32(w + 16)) : _mm512_setzero_si512();
-        for (int p = 0; p < 4; p++) {  /* runs 2p (low nibbles) and 2p + 1 (high nibbles) */
-            __m256i v = load32(qs + 32 * p);
-            __m512i u = _mm512_and_si512(_mm512_srlv_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1), shift), low4);
-            if (five) {
-                __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(1 << (2 * p)), _mm256_set1_epi8(1 << (2 * p + 1)), 1);
-                u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(qh, bits), u, _mm512_set1_epi8(16));
-            }
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(x.xq + 256 * b + 64 * p));
-            __m512i which = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(which, scale16), acc);
-        }
-    }
-    total = _mm512_reduce_add_ps(acc) - _mm512_reduce_add_ps(mins);
-#endif
-    Acc rest = acc_zero();
-    float rest_mins = 0;
-    for (; b < in / 256; b++, w += five ? 176 : 144) {
-        float d = fp16(w), dmin = fp16(w + 2);
-        const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five ? 48 : 16);
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            scale_min_k4(j, scales, &sc, &m);
-            U32 u = nibbles32(qs + 32 * (j / 2), 4 * (j % 2));
-            if (five) u = add_16s(u, bit_of_bytes(qh, j));
-            long s = 8 * b + j;  /* x's block of 32 */
-            rest = dot32(rest, u, x.xq + 32 * s, d * sc * x.xs[s], d * sc * x.xs[s]);
-            rest_mins += dmin * m * (x.xsum[2 * s] + x.xsum[2 * s + 1]);
-        }
-    }
-    return total + acc_total(rest) - rest_mins;
-}
-
-/* Q6_K 210 bytes for 256 weights: 128 bytes of low nibbles, 64 bytes of 2-bit pairs, 16 int8 scales (one per 16
-   weights), d; w = d sc (q - 32). Each half (128 weights) has 64 low bytes and 32 high ones: its run k (k = 0..3)
-   takes the low (k < 2) or high nibbles of bytes 0-31 (k even) or 32-63 (k odd), and bits 2k, 2k + 1 of the 32
-   high bytes. */
-static float row_q6_k(const uint8_t *w, Row x, long in) {
-    long b = 0;
-    float total = 0;
-#if VNNI
-    /* A super-block's 16 scales d sc_g xs in one vector (xs repeated for the two 16s of its 32), the - 32 against x's
-       16 half-block sums in another; two runs a step: the low nibbles of 64 bytes are runs 0 and 1 of a half, the
-       high nibbles runs 2 and 3, and each 16 of the 64 lanes' sums takes its own scale. */
-    __m512 acc = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
-    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i fours = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i low4 = _mm512_set1_epi8(15), three = _mm512_set1_epi8(3);
-    const __m512i shift01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i shift23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    for (; b < in / 256; b++, w += 210) {
-        float d = fp16(w + 208);
-        __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192))));
-        __m512 xs = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(x.xs + 8 * b)));
-        __m512 scale = _mm512_mul_ps(_mm512_mul_ps(sc, xs), _mm512_set1_ps(d));
-        mins = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(32 * d)), _mm512_loadu_ps(x.xsum + 16 * b), mins);
-        for (int half = 0; half < 2; half++) {
-            __m512i ql = _mm512_loadu_si512(w + 64 * half);
-            __m512i qh = _mm512_broadcast_i64x4(load32(w + 128 + 32 * half));
-            for (int p = 0; p < 2; p++) {  /* runs 2p and 2p + 1 of this half */
-                __m512i low = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
-                __m512i high = _mm512_and_si512(_mm512_srlv_epi16(qh, p ? shift23 : shift01), three);
-                __m512i u = _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
-                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
-                                                  _mm512_loadu_si512(x.xq + 256 * b + 128 * half + 64 * p));
-                __m512i which = _mm512_add_epi32(fours, _mm512_set1_epi32(8 * half + 4 * p));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(which, scale), acc);
-            }
-        }
-    }
-    total = _mm512_reduce_add_ps(acc) - _mm512_reduce_add_ps(mins);
-#endif
-    Acc rest = acc_zero();
-    float rest_mins = 0;
-    for (; b < in / 256; b++, w += 210) {
-        const uint8_t *ql = w, *qh = w + 128;
-        const int8_t *scales = (const int8_t *)(w + 192);
-        float d = fp16(w + 208);
-        for (int half = 0; half < 2; half++, ql += 64, qh += 32, scales += 8)
-            for (int k = 0; k < 4; k++) {
-                U32 u = add_high2(nibbles32(ql + 32 * (k % 2), 4 * (k / 2)), qh, 2 * k);
-                long s = 8 * b + 4 * half + k;  /* x's block of 32 */
-                float sA = d * scales[2 * k], sB = d * scales[2 * k + 1];
-                rest = dot32(rest, u, x.xq + 32 * s, sA * x.xs[s], sB * x.xs[s]);
-                rest_mins += 32 * (sA * x.xsum[2 * s] + sB * x.xsum[2 * s + 1]);
-            }
-    }
-    return total + acc_total(rest) - rest_mins;
-}
-
-static float row_dot(const uint8_t *w, Row x, long in, int type) {
-    switch (type) {
-        case Q8_0: return row_q8_0(w, x, in);
-        case Q4_K: return row_k4(w, x, in, 0);
-        case Q5_K: return row_k4(w, x, in, 1);
-        case Q6_K: return row_q6_k(w, x, in);
-        default: return row_legacy(w, x, in, type);
-    }
-}
-
-/* The bytes of a row of `in` weights of `type`; 0 for a type not multiplied here or a row that is not whole blocks. */
-long row_bytes(int type, long in) {
-    long per = type >= Q4_K ? 256 : 32, bytes;
-    switch (type) {
-        case Q4_0: bytes = 18; break;
-        case Q4_1: bytes = 20; break;
-        case Q5_0: bytes = 22; break;
-        case Q5_1: bytes = 24; break;
-        case Q8_0: bytes = 34; break;
-        case Q4_K: bytes = 144; break;
-        case Q5_K: bytes = 176; break;
-        case Q6_K: bytes = 210; break;
-        default: return 0;
-    }
-    return in % per ? 0 : in / per * bytes;
-}
-
-/* y (rows, out) = x (rows, in) times the transpose of w (out rows of blocks of `type`): every row of x rounded to int8
-   once, then the weight rows shared among the threads, each weight row against every row of x while it is in the
-   cache. Returns 0; -1 for a type or a width not handled here; -2 when memory runs out. */
-int gguf_matmul(const float *x, long rows, long in, const uint8_t *w, int type, long out, float *y, int threads) {
-    long stride = row_bytes(type, in);
-    if (stride == 0) return -1;
-    long floats = in / 32 + in / 16 + in / 4 + in / 4;  /* a row's xs, xsum, xs8, xsum8 */
-    int8_t *xq = malloc(rows * in);
-    float *f = malloc(rows * floats * sizeof(float));
-    Row *xr = malloc(rows * sizeof(Row));
-    if (!xq || !f || !xr) {
-        free(xq), free(f), free(xr);
-        return -2;
-    }
-    for (long r = 0; r < rows; r++) {
-        float *xs = f + r * floats, *xsum = xs + in / 32, *xs8 = xsum + in / 16, *xsum8 = xs8 + in / 4;
-        quantize_row(x + r * in, in, xq + r * in, xs, xsum, xs8, xsum8);
-        xr[r] = (Row){xq + r * in, xs, xsum, xs8, xsum8};
-    }
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o++)
-        for (long r = 0; r < rows; r++) y[r * out + o] = row_dot(w + o * stride, xr[r], in, type);
-    free(xq), free(f), free(xr);
-    return 0;
-}
-"""
+# No -march=native (each file says which instructions it uses) and no fusing or reordering of floats that the file
+# does not write itself: every path adds in gguf_blocks.h's order, so they all give the same bits.
+GGUF_C_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 
-@cache
-def gguf_library() -> ctypes.CDLL | None:
-    """The compiled kernel (compile_c of C_SOURCE), or None without a working C compiler."""
-    c = open_c_library(C_SOURCE, "gguf_blocks")
-    if c is None:
-        return None
+def cpu_flags() -> set[str]:
+    """The CPU's features as Linux lists them (x86's flags, ARM's Features); on a Mac with Apple silicon, which has
+    no /proc/cpuinfo, ARMv8.2's dot product, which every M chip has."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return {"asimddp"} if platform.system() == "Darwin" and platform.machine() == "arm64" else set()
+    return {flag for line in lines if line.startswith(("flags", "Features")) for flag in line.partition(":")[2].split()}
+
+
+def build_kernel(name: str) -> ctypes.CDLL:
+    """The path `name` of KERNEL_PATHS compiled (compile_c: once per source, compiler, flags and CPU) and opened.
+    No compiler: OSError; a failed build: subprocess.CalledProcessError, the compiler's messages in its stderr."""
+    file, _, flags = KERNEL_PATHS[name]
+    path = compile_c(c_source(file), f"gguf_{name}", GGUF_C_FLAGS + flags)
+    if path is None:
+        raise OSError("no C compiler ($CC, else cc)")
+    lib = ctypes.CDLL(str(path))
     p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    c.gguf_matmul.argtypes = [p, n, n, p, i, n, p, i]
-    return c
+    lib.gguf_matmul.argtypes = [p, n, n, p, i, n, p, i]
+    return lib
+
+
+@dataclass(frozen=True)
+class GGUFKernel:
+    """What multiplies the blocks here: `name` (a KERNEL_PATHS key, or "torch"), `why` in words, and the opened
+    library (None for torch)."""
+    name: str
+    why: str
+    library: ctypes.CDLL | None = field(default=None, repr=False, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.why}"
+
+
+def choose_kernel(only: str | None = None) -> GGUFKernel:
+    """The first path of KERNEL_PATHS whose features this CPU has and that builds here, and why; a path whose build
+    fails is passed over, the compiler's first message in `why`; none: torch. `only`: that path or a ValueError
+    (benchmarks and tests compare the paths one CPU can run)."""
+    if only is not None and only not in KERNEL_PATHS:
+        raise ValueError(f"no kernel path {only!r}; there are {', '.join(KERNEL_PATHS)}")
+    flags, passed_over = cpu_flags(), []
+    for name, (file, needs, _) in KERNEL_PATHS.items():
+        if only is not None and name != only:
+            continue
+        lacking = [feature for feature in needs if feature not in flags]
+        if lacking:
+            if only is not None:
+                raise ValueError(f"the {name} kernel needs {', '.join(lacking)}, which this CPU lacks")
+            passed_over.append(f"not {name}, this CPU lacks {', '.join(lacking)}")
+            continue
+        try:
+            library = build_kernel(name)
+        except subprocess.CalledProcessError as e:
+            first = next((line for line in e.stderr.splitlines() if "error" in line), e.stderr.strip()[:200])
+            passed_over.append(f"not {name}, its build failed: {first}")
+            continue
+        except OSError as e:
+            passed_over.append(f"not {name}: {e}")
+            break  # no compiler builds the others either
+        has = f"this CPU has {', '.join(needs)}" if needs else "plain C loops, for any CPU"
+        return GGUFKernel(name, "; ".join([f"hardway/kernels/c/{file}, {has}", *passed_over]), library)
+    return GGUFKernel("torch", "; ".join(passed_over) + "; the blocks are dequantized and multiplied in torch")
+
+
+_chosen: GGUFKernel | None = None  # choose_kernel()'s answer, once a process (or use_kernel's)
+
+
+def gguf_kernel_choice() -> GGUFKernel:
+    """The kernel this process multiplies the blocks with: choose_kernel() the first time it is asked. A C path
+    passed over, or none at all, is a warning, with the compiler's message: never a silent fallback."""
+    global _chosen
+    if _chosen is None:
+        _chosen = choose_kernel()
+        if "failed" in _chosen.why or _chosen.name == "torch":
+            warnings.warn(f"GGUF blocks kernel: {_chosen}", RuntimeWarning, stacklevel=2)
+    return _chosen
+
+
+def use_kernel(name: str) -> GGUFKernel:
+    """Multiply the blocks with the path `name` from now on (a benchmark's or a test's choice: the AVX2 path on an
+    AVX-512 CPU, say). A ValueError if this CPU cannot run it."""
+    global _chosen
+    _chosen = choose_kernel(only=name)
+    return _chosen
+
+
+def gguf_library() -> ctypes.CDLL | None:
+    """The chosen kernel's library, or None where the blocks are multiplied in torch."""
+    return gguf_kernel_choice().library
 
 
 def gguf_kernel() -> str:
-    """What multiplies the blocks here: "C with AVX512-VNNI", "C" (plain loops) or "torch" (no C compiler)."""
-    lib = gguf_library()
-    return "torch" if lib is None else "C with AVX512-VNNI" if lib.vnni() else "C"
+    """The name of the kernel that multiplies the blocks here: "avx512_vnni", "avx2", "neon", "generic" or "torch"."""
+    return gguf_kernel_choice().name
 
 
 def row_bytes(type_id: int, in_features: int) -> int:
@@ -469,24 +159,30 @@ def row_bytes(type_id: int, in_features: int) -> int:
     return in_features // per * nbytes if in_features % per == 0 else 0
 
 
-def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, type_id: int) -> torch.Tensor:
-    """x (rows, in) times the matrix stored as `blocks` (out, bytes a row) of ggml type `type_id`, transposed ->
-    (rows, out): the C kernel for fp32 on a CPU, gguf_matmul_torch elsewhere. Called as the torch operator
-    torch.ops.hardway.gguf_matmul, so that a compiled decode step calls it as one node."""
-    lib = gguf_library()
-    if lib is None or x.device.type != "cpu" or x.dtype != torch.float32:
-        return gguf_matmul_torch(x, blocks, TENSOR_TYPES[type_id][0])
+def multiply_with(library: ctypes.CDLL, x: torch.Tensor, blocks: torch.Tensor, type_id: int) -> torch.Tensor:
+    """x (rows, in) fp32 times the matrix stored as `blocks` (out, bytes a row) of ggml type `type_id`, transposed,
+    by one of the C paths' libraries -> (rows, out)."""
     x, blocks = x.contiguous(), blocks.contiguous()
     rows, in_features = x.shape
     if row_bytes(type_id, in_features) != blocks.shape[1]:
         raise GGUFError(f"{TENSOR_TYPES[type_id][0]} rows of {in_features} weights are "
                         f"{row_bytes(type_id, in_features)} bytes, these are {blocks.shape[1]}")
     y = x.new_empty(rows, blocks.shape[0])  # (rows, out)
-    status = lib.gguf_matmul(x.data_ptr(), rows, in_features, blocks.data_ptr(), type_id, blocks.shape[0],
-                             y.data_ptr(), torch.get_num_threads())
+    status = library.gguf_matmul(x.data_ptr(), rows, in_features, blocks.data_ptr(), type_id, blocks.shape[0],
+                                 y.data_ptr(), torch.get_num_threads())
     if status == -2:
         raise MemoryError(f"no memory to round {rows} rows of {in_features} activations")
     return y
+
+
+def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, type_id: int) -> torch.Tensor:
+    """x (rows, in) times the matrix stored as `blocks` (out, bytes a row) of ggml type `type_id`, transposed ->
+    (rows, out): the chosen C path for fp32 on a CPU, gguf_matmul_torch elsewhere. Called as the torch operator
+    torch.ops.hardway.gguf_matmul, so that a compiled decode step calls it as one node."""
+    library = gguf_library()
+    if library is None or x.device.type != "cpu" or x.dtype != torch.float32:
+        return gguf_matmul_torch(x, blocks, TENSOR_TYPES[type_id][0])
+    return multiply_with(library, x, blocks, type_id)
 
 
 def gguf_matmul_shape(x, blocks, type_id):  # what torch.compile traces: the answer's shape, no computation

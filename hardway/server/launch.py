@@ -19,7 +19,6 @@ import uvicorn
 
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine
-from hardway.kernels.gguf_layers import load_gguf_blocks
 from hardway.loading import open_model
 from hardway.server.app import create_app
 from hardway.server.worker import EngineThread
@@ -109,7 +108,7 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
     positions, or the context if shorter); `settings`: its fields by name, as `serve` took them before the record
     existed (max_batch=4, compile_sizes=(1,)). Its `compile_sizes` compile in the background while the server
     answers (eager steps until each size is ready; /stats lists them). How the model loads: on `device` in `dtype`
-    (fp32 if None), or with `gguf_blocks`, a .gguf file by lesson 26's load_gguf_blocks, its quantized matrices
+    (fp32 if None), or with `gguf_blocks`, a .gguf file on its blocks (lesson 26's `load(blocks=True)`), its quantized matrices
     kept in their blocks. `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson
     15's PrefixCachingEngine). `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget;
     None: its defaults). On a signal, running requests get `grace_s` seconds to finish, and those still open are
@@ -129,10 +128,7 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
         chat = None  # a base model: /v1/completions only
 
     def build_engine() -> Engine:
-        if gguf_blocks:  # lesson 26
-            model = load_gguf_blocks(source.path)
-        else:
-            model = source.load(device=device, dtype=dtype or torch.float32)
+        model = source.load(device=device, dtype=dtype or torch.float32, blocks=gguf_blocks)  # blocks: lesson 26
         return engine_class(model, tokenizer, config)
 
     # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
