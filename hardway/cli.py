@@ -47,11 +47,15 @@ def _on_blocks(args, source, device, dtype) -> bool:
     if args.gguf_blocks:
         source.check_blocks(device, dtype, asked_by="--gguf-blocks")
         return True
-    return source.kind == "gguf" and not args.exact and device.type == "cpu" and dtype == torch.float32
+    if source.kind != "gguf" or args.exact or device.type != "cpu" or dtype != torch.float32:
+        return False
+    from hardway.kernels.gguf_layers import takes_blocks  # lesson 26
+
+    return takes_blocks(source.path)  # a mixture of experts' file is read exactly
 
 
-def _say_which_path(source, on_blocks: bool, device, dtype) -> None:
-    """One line on stderr as a .gguf loads: the path it runs and, on its blocks, the kernel that multiplies them
+def _say_which_path(args, source, on_blocks: bool, device, dtype) -> None:
+    """One line on stderr as a .gguf loads: the path it runs and why; on its blocks, the kernel that multiplies them
     and why (the CPU's features; a C build that failed)."""
     if source.kind != "gguf":
         return
@@ -60,15 +64,18 @@ def _say_which_path(source, on_blocks: bool, device, dtype) -> None:
 
         print(f"hardway: {source.path.name} runs on its quantized blocks (--exact: dequantized to float32, as "
               f"transformers reads it); kernel {gguf_kernel_choice()}", file=sys.stderr)
-    else:
-        print(f"hardway: {source.path.name} dequantized to {str(dtype).removeprefix('torch.')} on {device}, the exact "
-              f"path", file=sys.stderr)
+        return
+    why = "--exact" if args.exact else "the blocks' kernel runs on the CPU in float32" \
+        if device.type != "cpu" or dtype != torch.float32 else "lesson 26 runs llama, qwen2, qwen3 and gemma3 " \
+        "files on their blocks, not this model type"
+    print(f"hardway: {source.path.name} dequantized to {str(dtype).removeprefix('torch.')} on {device}, the exact "
+          f"path ({why})", file=sys.stderr)
 
 
 def _load(args, source, device, dtype):
     """The model: lesson 06's source.load, on the file's blocks where _on_blocks says so (lesson 26)."""
     on_blocks = _on_blocks(args, source, device, dtype)
-    _say_which_path(source, on_blocks, device, dtype)
+    _say_which_path(args, source, on_blocks, device, dtype)
     return source.load(device=device, dtype=dtype, blocks=on_blocks)
 
 
@@ -261,7 +268,7 @@ def cmd_serve(args) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         source = open_model(args.model)  # lesson 06: a missing or unreadable model is one line, before the banner
         on_blocks = _on_blocks(args, source, device, dtype)
-        _say_which_path(source, on_blocks, device, dtype)
+        _say_which_path(args, source, on_blocks, device, dtype)
     print(f"hardway serve: {args.model} at http://{args.host}:{args.port}/v1 (no authentication: anyone who can reach "
           f"this address can use it); Ctrl-C stops", file=sys.stderr)
     # Imported here, not at the top: FastAPI and uvicorn add about a second to the start of every other command.

@@ -1,5 +1,6 @@
 """Gemma 3 270M as people download it, the Q4_K_M GGUF (assembled by the stand-ins from its registry packages), through
-everything a learner runs on it: `hardway.load`, `generate`, `chat`, `verify` and `serve`.
+everything a learner runs on it: `hardway.load`, `generate`, `chat`, `verify` and `serve`, on the exact path (`--exact`:
+the commands run a .gguf on its blocks by default, which tests/test_gguf_blocks.py checks).
 
 transformers reads the same file (`gguf_file=`, dequantizing the same blocks) as the reference. Loading is the slow part
 (transformers' reading of the file takes about a minute), so each model is loaded once for the module, and the commands
@@ -46,9 +47,15 @@ def opened(loaded, path, monkeypatch) -> list[ModelSource]:
     """ModelSource.load and lesson 11's load_reference hand back the models loaded once; returns what was opened."""
     sources = []
 
-    def load(self, device="cpu", dtype=torch.float32):
+    real_load = ModelSource.load
+
+    def load(self, device="cpu", dtype=torch.float32, blocks=False):
         sources.append(self)
         assert self.path.resolve() == path.resolve() and dtype == torch.float32, self
+        if blocks:  # lesson 26's path, which verify compares with the exact one
+            if "blocks" not in loaded:
+                loaded["blocks"] = real_load(self, device, dtype, blocks=True)
+            return loaded["blocks"]
         return loaded["ours"]
 
     def load_reference(model, device="cpu", dtype=torch.float32):
@@ -116,11 +123,13 @@ def test_verify_passes_on_the_file_past_the_window(opened, path, capsys, tmp_pat
                      "--max-eval-tokens", "64", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert "greedy tokens       PASS    32 of 32 tokens identical" in out and "all checks passed" in out, out
+    assert "the blocks path (lesson 26; the default of generate, chat and serve on a .gguf) against the exact path, " \
+           "on Shakespeare stand-in: top-1 agreement" in out and "over 64 positions" in out, out
     assert opened and all(s.path.resolve() == path.resolve() for s in opened)
 
 
 def test_generate(opened, path, capsys):
-    assert cli.main(["generate", "--model", str(path), PROMPT, "--max-new-tokens", str(N_NEW)]) == 0
+    assert cli.main(["generate", "--model", str(path), "--exact", PROMPT, "--max-new-tokens", str(N_NEW)]) == 0
     source = opened[0]
     tokenizer, model = source.tokenizer(), source.load()
     expected = continuation(model, tokenizer.encode(PROMPT), N_NEW, model.eos_token_ids)
@@ -139,7 +148,7 @@ def test_chat_speaks_gemmas_turns(opened, path, monkeypatch):
             raise EOFError from None
 
     monkeypatch.setattr(cli, "chat_loop", lambda *a, **k: chat_loop(*a, read=read, out=transcript, **k))
-    assert cli.main(["chat", "--model", str(path), "--max-new-tokens", str(N_NEW)]) == 0
+    assert cli.main(["chat", "--model", str(path), "--exact", "--max-new-tokens", str(N_NEW)]) == 0
     source = opened[0]
     tokenizer = source.tokenizer()
     ids = tokenizer.encode(f"<start_of_turn>user\n{QUESTION}<end_of_turn>\n<start_of_turn>model\n")
@@ -181,7 +190,7 @@ def test_served_answers_are_generates(opened, path, monkeypatch):
                 got["stats"] = client.get(url + "/stats").json()
 
     monkeypatch.setattr(server_module, "_Server", InThisProcess)
-    assert cli.main(["serve", "--model", name, "--port", str(free_port()), "--max-batch", "2"]) == 0
+    assert cli.main(["serve", "--model", name, "--exact", "--port", str(free_port()), "--max-batch", "2"]) == 0
     source = opened[0]
     tokenizer, model, chat = source.tokenizer(), source.load(), source.chat_template()
     expected = continuation(model, tokenizer.encode(PROMPT), N_NEW, model.eos_token_ids)

@@ -296,7 +296,22 @@ def test_hardway_generate_exact_reads_a_gguf_in_fp32(smollm2_blocks, monkeypatch
     expected = generate(load(path), torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
     out, err = capsys.readouterr()
     assert calls == [] and out == tokenizer.decode(expected.tolist()) + "\n"
-    assert "dequantized to float32 on cpu, the exact path" in err
+    assert "dequantized to float32 on cpu, the exact path (--exact)" in err
+
+
+def test_which_path_a_gguf_takes_by_default(tmp_path):
+    """On the CPU in float32, a model type load_gguf_blocks runs goes on its blocks; a mixture of experts' file, or
+    another dtype, is read exactly rather than refused."""
+    from test_gguf_archs import write_qwen3
+
+    moe, dense = write_qwen3(tmp_path / "moe.gguf", moe=True), write_qwen3(tmp_path / "dense.gguf", moe=False, q8_0=True)
+    args = cli.build_parser().parse_args(["generate", "--model", str(dense), "hi"])
+    cpu = torch.device("cpu")
+    assert cli._on_blocks(args, open_model(dense), cpu, torch.float32)
+    assert not cli._on_blocks(args, open_model(moe), cpu, torch.float32)
+    assert not cli._on_blocks(args, open_model(dense), cpu, torch.bfloat16)
+    assert not cli._on_blocks(cli.build_parser().parse_args(["generate", "--model", "x", "--exact", "hi"]),
+                              open_model(dense), cpu, torch.float32)
 
 
 def test_load_takes_blocks_and_refuses_what_they_cannot_run(smollm2_blocks, monkeypatch):

@@ -12,7 +12,8 @@ import itertools
 import torch
 import torch.nn as nn
 
-from hardway.formats.gguf import GGUFError, GGUFFile, architecture, gguf_checkpoint, hub_name, read_gguf, unpermute_qk
+from hardway.formats.gguf import (GGUFError, GGUFFile, architecture, gguf_checkpoint, gguf_config, hub_name, read_gguf,
+                                  unpermute_qk)
 from hardway.formats.gguf_quants import DEQUANTIZE
 from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS
 from hardway.kernels.layout import empty_on_huge_pages, lay_out_for_decode
@@ -125,6 +126,12 @@ class GGUFEmbedding(nn.Module):
 # model_type -> {hub name: our name}: the model classes whose matrices load_gguf_blocks puts in place
 NAMES = {"llama": hub_to_hardway_names, "qwen2": hub_to_hardway_names, "qwen3": qwen3_names,
          "gemma3_text": gemma3_names}
+
+
+def takes_blocks(path) -> bool:
+    """Whether load_gguf_blocks runs this .gguf's model type (its metadata read, not its tensors): what the command
+    line asks before it runs a file on its blocks by default, and reads it exactly otherwise (a mixture of experts)."""
+    return gguf_config(path)["model_type"] in NAMES
 
 
 def kept_matrices(file: GGUFFile) -> dict[str, str]:
