@@ -127,7 +127,7 @@ def exported_modules() -> dict[str, str]:
         path = f"{rel}/__init__.py" if rel in packages else f"{rel}.py"
         files[path] = HEADER.format(nb=", ".join(origin[rel])) + "\n" + "\n\n\n".join(cells) + "\n"
     for rel, parts in c_parts.items():
-        files[rel] = C_HEADER.format(nb=", ".join(origin[rel])) + "\n".join(parts) + "\n"
+        files[rel] = C_HEADER.format(nb=", ".join(origin[rel])) + "\n\n".join(parts) + "\n"
     for p in sorted(packages):
         if f"{p}/__init__.py" not in files and p in PACKAGES:
             files[f"{p}/__init__.py"] = (f"{GENERATED_MARK}tools/export.py's PACKAGES table: edit it there, then run "
@@ -151,7 +151,8 @@ def stale_modules(expected: dict[str, str]) -> list[Path]:
 
 
 def _remove_if_empty(folder: Path) -> None:
-    """A subpackage whose generated modules are all gone goes too (its bytecode cache with it)."""
+    """A subpackage (or a folder of C files) whose generated files are all gone goes too (its bytecode cache with
+    it), and so does a folder above it left empty."""
     if folder == PACKAGE:
         return
     cache = folder / "__pycache__"
@@ -161,6 +162,7 @@ def _remove_if_empty(folder: Path) -> None:
         cache.rmdir()
     if not any(folder.iterdir()):
         folder.rmdir()
+        _remove_if_empty(folder.parent)  # kernels/c/ gone may leave kernels/ empty
 
 
 def clean_notebook(nb: dict) -> dict:

@@ -19,6 +19,27 @@ static inline float sum16_256(__m256 lo, __m256 hi) {
     __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
     return _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)));
 }
+/* 32 values in four registers; the division and the rounding (ties to even) are the plain loop's. Two packs with
+   saturation leave the int8 in the order of 32-bit groups 0, 4, 1, 5, 2, 6, 3, 7: a permute puts them back. */
+static float round_block(const float *x, int8_t *q, int sums[2]) {
+    __m256 v[4], m = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k), m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float xs = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))) / 127;
+    __m256i i[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    if (xs > 0)
+        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(_mm256_div_ps(v[k], _mm256_set1_ps(xs)));
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    for (int h = 0; h < 2; h++) {
+        __m256i s8 = _mm256_add_epi32(i[2 * h], i[2 * h + 1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        sums[h] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+    }
+    return xs;
+}
 /* 32 unsigned bytes u times 32 signed bytes x -> 8 int32 lanes, lane l = products 4l .. 4l + 3, as floats */
 static inline __m256 dot32(__m256i u, __m256i x) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
@@ -62,7 +83,7 @@ static float row_legacy(const uint8_t *w, Row x, long in, int type) {
             q = _mm256_or_si256(q, _mm256_and_si256(bit_mask(qh), bytes(16)));
         }
         __m256 xd = _mm256_mul_ps(dot32(q, load32(x.xq + 32 * u)), _mm256_set1_ps(x.xs[u]));
-        __m256 xsum8 = _mm256_set1_ps(x.xsum8[u]), d = _mm256_set1_ps(fp16(w));
+        __m256 xsum8 = _mm256_set1_ps(x.xsum8[8 * u]), d = _mm256_set1_ps(fp16(w));
         __m256 *a = &acc[u % 2];
         if (has_min) {  /* w = d q + m */
             *a = _mm256_fmadd_ps(xd, d, *a);

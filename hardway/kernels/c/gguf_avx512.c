@@ -19,15 +19,31 @@ static inline __m512 halves_ps(__m256 lo, __m256 hi) {
 }
 static inline __m512i halves_si(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-/* the fp16 numbers at p and q as 16 floats: p's in lanes 0-7, q's in lanes 8-15 */
+/* the fp16 numbers at p and q as 16 floats: p's in lanes 0-7, q's in lanes 8-15 (two broadcasts, one conversion) */
 static inline __m512 fp16_pair(const uint8_t *p, const uint8_t *q) {
-    return halves_ps(_mm256_set1_ps(fp16(p)), _mm256_set1_ps(fp16(q)));
+    uint16_t a, b;
+    memcpy(&a, p, 2), memcpy(&b, q, 2);
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a)));
 }
 /* 64 signed weights times 64 xq: |w| against x with w's sign (|w| sign(w) x = w x), as vpdpbusd wants one side
    unsigned */
 static inline __m512i signed_dot64(__m512i w, __m512i x) {
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w),
                                _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x));
+}
+/* 32 values in two registers; the division and the rounding (ties to even) are the plain loop's */
+static float round_block(const float *x, int8_t *q, int sums[2]) {
+    __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    float xs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1))) / 127;
+    __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
+    if (xs > 0) {
+        q0 = _mm512_cvtps_epi32(_mm512_div_ps(v0, _mm512_set1_ps(xs)));
+        q1 = _mm512_cvtps_epi32(_mm512_div_ps(v1, _mm512_set1_ps(xs)));
+    }
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(q1));
+    sums[0] = _mm512_reduce_add_epi32(q0), sums[1] = _mm512_reduce_add_epi32(q1);
+    return xs;
 }
 /* A last unit alone (an odd number of them): into lanes 0-7 only */
 static inline __m512 fma_low(__m512 acc, __m256 a, __m256 b) {
@@ -73,26 +89,33 @@ static float row_legacy(const uint8_t *w, Row x, long in, int type) {
     int has_min = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
     int bytes = 18 + 2 * has_min + 4 * five;
     __m512 acc = _mm512_setzero_ps(), off = _mm512_set1_ps(five ? 16 : 8);
-    long n = in / 32;
-    for (long u = 0; u < n; u += 2, w += 2 * bytes) {
-        int pair = u + 1 < n;  /* the last unit of an odd number comes alone: its lanes 8-15 are zeros */
-        const uint8_t *w1 = pair ? w + bytes : w;
-        __m512i q = legacy_bytes(w, w1, bytes, has_min, five);
-        __m512i xq = pair ? _mm512_loadu_si512(x.xq + 32 * u) : _mm512_zextsi256_si512(load32(x.xq + 32 * u));
-        __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xq));
-        __m512 xs = halves_ps(_mm256_set1_ps(x.xs[u]), _mm256_set1_ps(pair ? x.xs[u + 1] : 0));
-        __m512 xsum8 = halves_ps(_mm256_set1_ps(x.xsum8[u]), _mm256_set1_ps(pair ? x.xsum8[u + 1] : 0));
-        __m512 d = fp16_pair(w, w1);
-        __mmask16 lanes = pair ? 0xffff : 0x00ff;
+    long u = 0;
+    for (; u + 2 <= in / 32; u += 2, w += 2 * bytes) {
+        __m512i q = legacy_bytes(w, w + bytes, bytes, has_min, five);
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(x.xq + 32 * u)));
+        __m512 xs = _mm512_loadu_ps(x.xs8 + 8 * u), xsum8 = _mm512_loadu_ps(x.xsum8 + 8 * u);
         if (has_min) {  /* w = d q + m */
-            acc = _mm512_mask3_fmadd_ps(_mm512_mul_ps(dot, xs), d, acc, lanes);
-            acc = _mm512_mask3_fmadd_ps(xsum8, fp16_pair(w + 2, w1 + 2), acc, lanes);
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(dot, xs), fp16_pair(w, w + bytes), acc);
+            acc = _mm512_fmadd_ps(xsum8, fp16_pair(w + 2, w + bytes + 2), acc);
         } else {  /* w = d (q - 8) or d (q - 16) */
-            acc = _mm512_mask3_fmadd_ps(_mm512_fnmadd_ps(off, xsum8, _mm512_mul_ps(dot, xs)), d, acc, lanes);
+            acc = _mm512_fmadd_ps(_mm512_fnmadd_ps(off, xsum8, _mm512_mul_ps(dot, xs)), fp16_pair(w, w + bytes), acc);
+        }
+    }
+    if (u < in / 32) {  /* the last unit of an odd number, alone: lanes 0-7 */
+        __m512i q = legacy_bytes(w, w, bytes, has_min, five);
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q,
+                                                            _mm512_zextsi256_si512(load32(x.xq + 32 * u))));
+        __m512 xs = _mm512_set1_ps(x.xs[u]), xsum8 = _mm512_set1_ps(x.xsum8[8 * u]), d = _mm512_set1_ps(fp16(w));
+        if (has_min) {
+            acc = _mm512_mask3_fmadd_ps(_mm512_mul_ps(dot, xs), d, acc, 0x00ff);
+            acc = _mm512_mask3_fmadd_ps(xsum8, _mm512_set1_ps(fp16(w + 2)), acc, 0x00ff);
+        } else {
+            acc = _mm512_mask3_fmadd_ps(_mm512_fnmadd_ps(off, xsum8, _mm512_mul_ps(dot, xs)), d, acc, 0x00ff);
         }
     }
     return sum16_512(acc);
 }
+
 /* Q4_K and Q5_K: a super-block's 8 scales d sc_j xs in one vector, its minimums against x's 16 half-block sums in
    another, and two runs a step (the low and the high nibbles of the same 32 bytes) in one 512-bit vpdpbusd, each
    half of the 16 lanes scaled by its run's scale. */

@@ -26,24 +26,22 @@ static inline float fp16(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); retur
 
 /* One input row rounded to int8 in blocks of 32, as quantize_activations: xs[b] = (largest |x| of block b) / 127,
    xq = x / xs rounded to the nearest integer, ties to even. xsum[h] = xs[b] * (sum of the 16 xq of half h of the
-   block): what a run's minimum multiplies, computed once for every row of the matrix. xsum8[b] is an eighth of the
-   block's two xsum: what each of its 8 int32 lanes carries of it. */
-typedef struct { const int8_t *xq; const float *xs, *xsum, *xsum8; } Row;
+   block): what a run's minimum multiplies, computed once for every row of the matrix. xs8 and xsum8 repeat, 8 times
+   each, the block's xs and an eighth of its two xsum: what each of its 8 int32 lanes carries, laid out so that a
+   vector path loads a unit's with one instruction. */
+typedef struct { const int8_t *xq; const float *xs, *xsum, *xs8, *xsum8; } Row;
 
-static void quantize_row(const float *x, long in, int8_t *xq, float *xs, float *xsum, float *xsum8) {
+/* Each path's own: the block x[0..31] rounded, q = x / xs to the nearest integer (ties to even), where xs (returned)
+   is the block's largest |x| / 127, and sums[h] the sum of the 16 q of half h. Exact arithmetic (a maximum, a
+   division, a rounding, integer sums), so every path gives the same bits in any order. */
+static float round_block(const float *x, int8_t *q, int sums[2]);
+
+static void quantize_row(const float *x, long in, int8_t *xq, float *xs, float *xsum, float *xs8, float *xsum8) {
     for (long b = 0; b < in / 32; b++) {
-        float amax = 0;
-        for (long k = 32 * b; k < 32 * b + 32; k++) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
-        xs[b] = amax / 127;
-        for (long h = 2 * b; h < 2 * b + 2; h++) {
-            int sum = 0;
-            for (long k = 16 * h; k < 16 * h + 16; k++) {
-                xq[k] = xs[b] > 0 ? (int8_t)nearbyintf(x[k] / xs[b]) : 0;
-                sum += xq[k];
-            }
-            xsum[h] = xs[b] * sum;
-        }
-        xsum8[b] = (xsum[2 * b] + xsum[2 * b + 1]) / 8;
+        int sums[2];
+        xs[b] = round_block(x + 32 * b, xq + 32 * b, sums);
+        xsum[2 * b] = xs[b] * sums[0], xsum[2 * b + 1] = xs[b] * sums[1];
+        for (int l = 0; l < 8; l++) xs8[8 * b + l] = xs[b], xsum8[8 * b + l] = (xsum[2 * b] + xsum[2 * b + 1]) / 8;
     }
 }
 
@@ -90,7 +88,7 @@ long row_bytes(int type, long in) {
 int gguf_matmul(const float *x, long rows, long in, const uint8_t *w, int type, long out, float *y, int threads) {
     long stride = row_bytes(type, in);
     if (stride == 0) return -1;
-    long floats = in / 32 + in / 16 + in / 32;  /* a row's xs, xsum, xsum8 */
+    long floats = in / 32 + in / 16 + in / 4 + in / 4;  /* a row's xs, xsum, xs8, xsum8 */
     int8_t *xq = malloc(rows * in);
     float *f = malloc(rows * floats * sizeof(float));
     Row *xr = malloc(rows * sizeof(Row));
@@ -99,9 +97,9 @@ int gguf_matmul(const float *x, long rows, long in, const uint8_t *w, int type, 
         return -2;
     }
     for (long r = 0; r < rows; r++) {
-        float *xs = f + r * floats, *xsum = xs + in / 32, *xsum8 = xsum + in / 16;
-        quantize_row(x + r * in, in, xq + r * in, xs, xsum, xsum8);
-        xr[r] = (Row){xq + r * in, xs, xsum, xsum8};
+        float *xs = f + r * floats, *xsum = xs + in / 32, *xs8 = xsum + in / 16, *xsum8 = xs8 + in / 4;
+        quantize_row(x + r * in, in, xq + r * in, xs, xsum, xs8, xsum8);
+        xr[r] = (Row){xq + r * in, xs, xsum, xs8, xsum8};
     }
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long o = 0; o < out; o++)

@@ -3,6 +3,20 @@
    and any C compiler with _Float16 runs it; the other paths must give its bits. */
 #include "gguf_blocks.h"
 
+static float round_block(const float *x, int8_t *q, int sums[2]) {
+    float amax = 0;
+    for (int k = 0; k < 32; k++) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+    float xs = amax / 127;
+    for (int h = 0; h < 2; h++) {
+        sums[h] = 0;
+        for (int k = 16 * h; k < 16 * h + 16; k++) {
+            q[k] = xs > 0 ? (int8_t)nearbyintf(x[k] / xs) : 0;
+            sums[h] += q[k];
+        }
+    }
+    return xs;
+}
+
 /* 32 weights unpacked to unsigned bytes u (0..63), so that w = s u - m */
 typedef struct { uint8_t b[32]; } U32;
 
@@ -82,7 +96,7 @@ static float row_legacy(const uint8_t *w, Row x, long in, int type) {
             q = add_16s(q, qh);
         }
         dot8(&q, x.xq + 32 * u, d);
-        float *a = acc + 8 * (u % 2), scale = fp16(w), xs = x.xs[u], xsum8 = x.xsum8[u];
+        float *a = acc + 8 * (u % 2), scale = fp16(w), xs = x.xs[u], xsum8 = x.xsum8[8 * u];
         for (int l = 0; l < 8; l++) {
             if (has_min) {  /* w = d q + m */
                 a[l] = fmaf((float)d[l] * xs, scale, a[l]);
@@ -94,6 +108,7 @@ static float row_legacy(const uint8_t *w, Row x, long in, int type) {
     }
     return sum16(acc);
 }
+
 /* Q4_K 144 bytes for 256 weights: d, dmin, 12 bytes of scales and mins, 128 bytes of nibbles (bytes 32 i .. 32 i + 31
    hold run 2 i in their low halves, run 2 i + 1 in their high halves); run j: w = d sc_j q - dmin m_j.
    Q5_K 176 bytes: d, dmin, scales, 32 bytes of fifth bits (bit j of byte l: weight l of run j), then the nibbles.

@@ -13,6 +13,22 @@ typedef struct { uint8x16_t lo, hi; } U32;  /* 32 unsigned bytes: weights 0-15 a
 static inline U32 load32(const uint8_t *p) { return (U32){vld1q_u8(p), vld1q_u8(p + 16)}; }
 static inline U32 and32(U32 u, uint8_t c) { return (U32){vandq_u8(u.lo, vdupq_n_u8(c)), vandq_u8(u.hi, vdupq_n_u8(c))}; }
 
+/* 32 values in eight registers; the division and the rounding (ties to even, vcvtnq) are the plain loop's */
+static float round_block(const float *x, int8_t *q, int sums[2]) {
+    float32x4_t v[8], m = vdupq_n_f32(0);
+    for (int k = 0; k < 8; k++) v[k] = vld1q_f32(x + 4 * k), m = vmaxq_f32(m, vabsq_f32(v[k]));
+    float xs = vmaxvq_f32(m) / 127;
+    int32x4_t i[8];
+    for (int k = 0; k < 8; k++) i[k] = xs > 0 ? vcvtnq_s32_f32(vdivq_f32(v[k], vdupq_n_f32(xs))) : vdupq_n_s32(0);
+    for (int h = 0; h < 2; h++) {
+        int16x8_t lo = vcombine_s16(vqmovn_s32(i[4 * h]), vqmovn_s32(i[4 * h + 1]));
+        int16x8_t hi = vcombine_s16(vqmovn_s32(i[4 * h + 2]), vqmovn_s32(i[4 * h + 3]));
+        vst1q_s8(q + 16 * h, vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi)));
+        sums[h] = vaddvq_s32(vaddq_s32(vaddq_s32(i[4 * h], i[4 * h + 1]), vaddq_s32(i[4 * h + 2], i[4 * h + 3])));
+    }
+    return xs;
+}
+
 /* The four registers' 16 lanes summed in gguf_blocks.h's order (sum16) */
 static inline float sum16_neon(const float32x4_t *a) {
     float32x4_t r4 = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
@@ -65,7 +81,7 @@ static float row_legacy(const uint8_t *w, Row x, long in, int type) {
             memcpy(&qh, w + 2 + 2 * has_min, 4);
             q = add_16s(q, qh);
         }
-        float32x4_t dot[2], xs = vdupq_n_f32(x.xs[u]), xsum8 = vdupq_n_f32(x.xsum8[u]), d = vdupq_n_f32(fp16(w));
+        float32x4_t dot[2], xs = vdupq_n_f32(x.xs[u]), xsum8 = vdupq_n_f32(x.xsum8[8 * u]), d = vdupq_n_f32(fp16(w));
         dot32(q, x.xq + 32 * u, &dot[0], &dot[1]);
         float32x4_t *a = acc + 2 * (u % 2);
         for (int r = 0; r < 2; r++) {
