@@ -8,7 +8,7 @@ next-token distributions against transformers' reading of the file.
     uv run python benchmarks/gguf_blocks.py --model FILE.gguf --blocks-only --kernels avx512_vnni,avx2 \
         --llama-bench avx512=PEER/build-native/bin/llama-bench --llama-bench avx2=PEER/build-avx2/bin/llama-bench
 
---kernels times the blocks path once per kernel of lesson 26 that this CPU runs (the AVX2 path on an AVX-512 CPU is
+--kernels times the blocks path once per kernel of lesson 26 that the CPU runs (the AVX2 path on an AVX-512 CPU is
 what a laptop without AVX-512 runs), in the same rounds: the compiled step calls the kernel chosen at each call, so one
 compiled step serves them all. --llama-bench may be given several times, LABEL=PATH, for builds of llama.cpp with
 different instruction sets.
@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--llama-bench", metavar="[LABEL=]PATH", action="append", default=[],
                         help="llama.cpp's llama-bench, built outside the repository (several: LABEL=PATH each)")
     parser.add_argument("--kernels", default=None, help="the blocks path with each of these kernels (avx512_vnni, "
-                        "avx2, neon, generic), comma-separated (default: the one chosen for this CPU)")
+                        "avx2, neon, generic), comma-separated (default: the one chosen for the CPU)")
     parser.add_argument("--blocks-only", action="store_true", help="leave out the fp32 path")
     parser.add_argument("--memory-tokens", type=int, default=128,
                         help="tokens the memory measurement decodes with the compiled step (0: eager, 8 tokens)")
@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
         return {}
     kernels = args.kernels.split(",") if args.kernels else [gguf_kernel()]
     for kernel in kernels:
-        use_kernel(kernel)  # built now, and refused now if this CPU cannot run it
+        use_kernel(kernel)  # built now, and refused now if the CPU cannot run it
     benches = dict(spec.split("=", 1) if "=" in spec else ("", spec) for spec in args.llama_bench)
     loaders = {label: loader for label, loader in LOADERS.items() if not (args.blocks_only and label.startswith("fp32"))}
     source = open_model(path)

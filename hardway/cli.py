@@ -97,8 +97,8 @@ def cmd_verify(args) -> int:
                         max_eval_tokens=args.max_eval_tokens, out_dir=args.out, text_file=args.text,
                         report=lambda checks: print(format_report(checks), flush=True), compile=args.compile)
     print(f"plots: perplexity.png and hidden_states.png in {args.out or 'artifacts/verify'}")
-    source = open_model(args.model)
-    if source.kind == "gguf" and device.type == "cpu":  # what generate, chat and serve run on it by default
+    source = open_model(args.model) if str(args.model).endswith(".gguf") else None  # a file run_ritual opened
+    if source is not None and device.type == "cpu":  # what generate, chat and serve run on a .gguf by default
         from hardway.verify.blocks import blocks_against_exact  # lesson 26
         from hardway.verify.ritual import eval_text
 

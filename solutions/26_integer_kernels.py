@@ -15,3 +15,14 @@ def my_q4_0_dot(block, xq, xs):
     q = torch.cat([block[2:] & 15, block[2:] >> 4]).int()  # (32,): low nibbles are weights 0-15, high ones 16-31
     x = xq.int()  # (32,)
     return d * xs * (int((q * x).sum()) - 8 * int(x.sum()))
+
+
+# Exercise 3: vpmaddubsw adds each pair of products into an int16, saturating; vpmaddwd by ones adds two of those
+# into an int32, which cannot overflow.
+def my_avx2_lanes(u, x):
+    pairs = (u.long() * x.long()).reshape(16, 2).sum(1).clamp(-32768, 32767)  # (16,) int16, saturated
+    return pairs.reshape(8, 2).sum(1)  # (8,)
+
+
+# Exercise 4: two products of u and 127 must fit 32,767: 2 x 129 x 127 = 32,766, 2 x 130 x 127 = 33,020.
+my_largest_safe_u = 129

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_26 import check_bits_per_weight, check_q4_0_dot
+from hardway.exercises.lesson_26 import check_avx2_lanes, check_bits_per_weight, check_largest_safe_u, check_q4_0_dot
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +52,36 @@ def test_check_q4_0_dot(sol):
         raise NotImplementedError
 
     assert check_q4_0_dot(raises).startswith("not attempted yet")
+
+
+def test_check_avx2_lanes(sol):
+    assert check_avx2_lanes(None).startswith("not attempted yet")
+    assert check_avx2_lanes(sol.my_avx2_lanes).startswith("right")
+
+    def exact(u, x):  # plausible: the sums of four products, as vpdpbusd gives them
+        return (u.long() * x.long()).reshape(8, 4).sum(1)
+
+    def clamped_fours(u, x):  # plausible: the saturation put on the sum of four
+        return exact(u, x).clamp(-32768, 32767)
+
+    def interleaved(u, x):  # plausible: lane l taking products l, l + 8, l + 16, l + 24
+        return (u.long() * x.long()).reshape(4, 8).sum(0)
+
+    result = check_avx2_lanes(exact)
+    assert result.startswith("wrong") and "int16" in result and "64,770" in result
+    result = check_avx2_lanes(clamped_fours)
+    assert result.startswith("wrong") and "pair of products" in result
+    result = check_avx2_lanes(interleaved)
+    assert result.startswith("wrong") and "products 4l to 4l + 3" in result
+    assert check_avx2_lanes(lambda u, x: exact(u, x)[:4]).startswith("wrong: case 0: expected 8 lanes")
+
+
+def test_check_largest_safe_u(sol):
+    assert check_largest_safe_u(None).startswith("not attempted yet")
+    assert check_largest_safe_u(sol.my_largest_safe_u).startswith("right")
+    assert "unsigned" in check_largest_safe_u(127)  # plausible: a signed byte's largest
+    assert "unpacked" in check_largest_safe_u(63)  # plausible: what the weights reach
+    assert "32,766" not in check_largest_safe_u(255) and check_largest_safe_u(255).startswith("wrong")
+    assert check_largest_safe_u(128).startswith("wrong") and "a larger u is safe" in check_largest_safe_u(128)
+    assert "more than an int16 holds" in check_largest_safe_u(130)
+    assert check_largest_safe_u(129.0).startswith("wrong: expected an integer")

@@ -65,7 +65,7 @@ def test_each_type_matches_the_blocks_arithmetic(type_name):
 
 
 def runnable_paths() -> dict:
-    """{name: library} of every C path this CPU can run (the generic one always; AVX2 and AVX-512 where it has them)."""
+    """{name: library} of every C path the CPU can run (the generic one always; AVX2 and AVX-512 where it has them)."""
     flags = gguf_blocks.cpu_flags()
     return {name: gguf_blocks.build_kernel(name) for name, (_, needs, _) in gguf_blocks.KERNEL_PATHS.items()
             if set(needs) <= flags}
@@ -142,8 +142,8 @@ def test_the_kernel_is_chosen_by_the_cpu_and_says_why(monkeypatch):
         assert choice.name == expected
         assert gguf_blocks.KERNEL_PATHS[expected][0] in choice.why
     monkeypatch.setattr(gguf_blocks, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
-    assert "not avx512_vnni, this CPU lacks avx512f, avx512bw, avx512vl, avx512_vnni" in gguf_blocks.choose_kernel().why
-    with pytest.raises(ValueError, match="the neon kernel needs asimddp, which this CPU lacks"):
+    assert "not avx512_vnni, the CPU lacks avx512f, avx512bw, avx512vl, avx512_vnni" in gguf_blocks.choose_kernel().why
+    with pytest.raises(ValueError, match="the neon kernel needs asimddp, which the CPU lacks"):
         gguf_blocks.choose_kernel(only="neon")
 
 

@@ -5,8 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "hardway"
-LONG_MODULES = {"text/bpe.py": 560,  # one concept: both BPE tokenizers share the merge loop and the byte table
-                "kernels/gguf_blocks.py": 520}  # one C file: eight block types' dot products, a vector path and a plain one
+LONG_MODULES = {"text/bpe.py": 560}  # one concept: both BPE tokenizers share the merge loop and the byte table
 MAX_LINES = 450
 
 

@@ -38,7 +38,7 @@ def imported_checks(path: Path, n: int) -> set[str]:
     """The check_ names a lesson imports from its module, hardway.exercises.lesson_NN."""
     names = set()
     for cell in cells(path):
-        if cell["cell_type"] == "code":
+        if cell["cell_type"] == "code" and not source(cell).startswith("%"):  # a magic (%%c_file: C) is not Python
             for node in ast.walk(ast.parse(source(cell))):
                 if isinstance(node, ast.ImportFrom) and node.module == f"hardway.exercises.lesson_{n:02}":
                     names |= {a.name for a in node.names if a.name.startswith("check_")}

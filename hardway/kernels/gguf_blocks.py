@@ -92,7 +92,7 @@ class GGUFKernel:
 
 
 def choose_kernel(only: str | None = None) -> GGUFKernel:
-    """The first path of KERNEL_PATHS whose features this CPU has and that builds here, and why; a path whose build
+    """The first path of KERNEL_PATHS whose features the CPU has and that builds here, and why; a path whose build
     fails is passed over, the compiler's first message in `why`; none: torch. `only`: that path or a ValueError
     (benchmarks and tests compare the paths one CPU can run)."""
     if only is not None and only not in KERNEL_PATHS:
@@ -104,8 +104,8 @@ def choose_kernel(only: str | None = None) -> GGUFKernel:
         lacking = [feature for feature in needs if feature not in flags]
         if lacking:
             if only is not None:
-                raise ValueError(f"the {name} kernel needs {', '.join(lacking)}, which this CPU lacks")
-            passed_over.append(f"not {name}, this CPU lacks {', '.join(lacking)}")
+                raise ValueError(f"the {name} kernel needs {', '.join(lacking)}, which the CPU lacks")
+            passed_over.append(f"not {name}, the CPU lacks {', '.join(lacking)}")
             continue
         try:
             library = build_kernel(name)
@@ -116,7 +116,7 @@ def choose_kernel(only: str | None = None) -> GGUFKernel:
         except OSError as e:
             passed_over.append(f"not {name}: {e}")
             break  # no compiler builds the others either
-        has = f"this CPU has {', '.join(needs)}" if needs else "plain C loops, for any CPU"
+        has = f"the CPU has {', '.join(needs)}" if needs else "plain C loops, for any CPU"
         return GGUFKernel(name, "; ".join([f"hardway/kernels/c/{file}, {has}", *passed_over]), library)
     return GGUFKernel("torch", "; ".join(passed_over) + "; the blocks are dequantized and multiplied in torch")
 
@@ -137,7 +137,7 @@ def gguf_kernel_choice() -> GGUFKernel:
 
 def use_kernel(name: str) -> GGUFKernel:
     """Multiply the blocks with the path `name` from now on (a benchmark's or a test's choice: the AVX2 path on an
-    AVX-512 CPU, say). A ValueError if this CPU cannot run it."""
+    AVX-512 CPU, say). A ValueError if the CPU cannot run it."""
     global _chosen
     _chosen = choose_kernel(only=name)
     return _chosen
