@@ -183,13 +183,3 @@ static float row_q6_k(const uint8_t *w, Row x, long in) {
     }
     return sum16_512(acc) - sum16_512(mins);
 }
-
-static float row_dot(const uint8_t *w, Row x, long in, int type) {
-    switch (type) {
-        case Q8_0: return row_q8_0(w, x, in);
-        case Q4_K: return row_k4(w, x, in, 0);
-        case Q5_K: return row_k4(w, x, in, 1);
-        case Q6_K: return row_q6_k(w, x, in);
-        default: return row_legacy(w, x, in, type);
-    }
-}

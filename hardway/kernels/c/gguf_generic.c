@@ -142,12 +142,7 @@ static float row_q6_k(const uint8_t *w, Row x, long in) {
     float acc[16] = {0}, mins[16] = {0}, scale[16];
     int32_t d[8];
     for (long b = 0; b < in / 256; b++, w += 210) {
-        const int8_t *sc = (const int8_t *)(w + 192);
-        float dd = fp16(w + 208);
-        for (int g = 0; g < 16; g++) {
-            scale[g] = ((float)sc[g] * x.xs[8 * b + g / 2]) * dd;
-            mins[g] = fmaf((float)sc[g] * (32 * dd), x.xsum[16 * b + g], mins[g]);
-        }
+        q6_k_scales(w, x, b, scale, mins);
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
             for (int k = 0; k < 4; k++) {
@@ -158,14 +153,4 @@ static float row_q6_k(const uint8_t *w, Row x, long in) {
         }
     }
     return sum16(acc) - sum16(mins);
-}
-
-static float row_dot(const uint8_t *w, Row x, long in, int type) {
-    switch (type) {
-        case Q8_0: return row_q8_0(w, x, in);
-        case Q4_K: return row_k4(w, x, in, 0);
-        case Q5_K: return row_k4(w, x, in, 1);
-        case Q6_K: return row_q6_k(w, x, in);
-        default: return row_legacy(w, x, in, type);
-    }
 }
