@@ -82,10 +82,10 @@ def build_kernel(name: str) -> ctypes.CDLL:
 @dataclass(frozen=True)
 class GGUFKernel:
     """What multiplies the blocks here: `name` (a KERNEL_PATHS key, or "torch"), `why` in words, and the opened
-    library (None for torch)."""
+    library, `lib` (None for torch)."""
     name: str
     why: str
-    library: ctypes.CDLL | None = field(default=None, repr=False, compare=False)
+    lib: ctypes.CDLL | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.why}"
@@ -145,7 +145,7 @@ def use_kernel(name: str) -> GGUFKernel:
 
 def gguf_library() -> ctypes.CDLL | None:
     """The chosen kernel's library, or None where the blocks are multiplied in torch."""
-    return gguf_kernel_choice().library
+    return gguf_kernel_choice().lib
 
 
 def gguf_kernel() -> str:
