@@ -45,7 +45,7 @@ from hardway.decode.static import StaticDecodeStep  # noqa: E402
 from hardway.formats.gguf import gemma3_gguf, read_gguf  # noqa: E402
 from hardway.formats.hub import models_dir  # noqa: E402
 from hardway.kernels.gguf_blocks import gguf_kernel, use_kernel  # noqa: E402
-from hardway.kernels.gguf_layers import load_gguf_blocks  # noqa: E402
+from hardway.loading import load_gguf_blocks  # noqa: E402
 from hardway.loading import load, open_model  # noqa: E402
 
 LOADERS = {"fp32 (hardway.load)": load, "blocks (load_gguf_blocks)": load_gguf_blocks}

@@ -49,7 +49,8 @@ from hardway.decode.generate import generate  # noqa: E402
 from hardway.formats.gguf import smollm2_gguf  # noqa: E402
 from hardway.formats.hub import checkpoint  # noqa: E402
 from hardway.loading import forward_once, load  # noqa: E402
-from hardway.kernels.quantized import (QuantizedLinear, gguf_quantized, quantize_linears, round_activations, weights_nbytes)
+from hardway.kernels.quantized import QuantizedLinear, quantize_linears, round_activations, weights_nbytes  # noqa: E402
+from hardway.loading import gguf_quantized  # noqa: E402
 from hardway.instruments.timing import time_interleaved  # noqa: E402
 from hardway.verify.ritual import eval_text, perplexity, window_nlls  # noqa: E402
 

@@ -12,30 +12,27 @@ keeps working. Every model `load` returns meets one contract, `hardway.CausalLM`
 (`hardway.decode.generate`, `hardway.engine.scheduler`, ...) are the lessons' own code, laid out by responsibility
 (docs/layout.md), and change with them.
 
-This file is the only hand-written module: it re-exports the public API, each name imported on first use so that
-`import hardway` stays cheap. Everything else in hardway/ is generated from notebooks/ by tools/export.py.
+This file is the only hand-written module: it re-exports the public API, imported on first use so that
+`import hardway` stays cheap (`hardway --help` imports no torch). Everything else in hardway/ is generated from
+notebooks/ by tools/export.py.
 """
-import importlib
 
-_PUBLIC = {
-    "CausalLM": "hardway.loading",
-    "load": "hardway.loading",
-    "forward_once": "hardway.loading",
-    "generate": "hardway.decode.static:fast_generate",  # lesson 08's generate, compiled by lesson 12 where it pays
-    "SamplingConfig": "hardway.decode.sampling",
-    "load_tokenizer": "hardway.text.tokenizer",
-}
+__all__ = ["CausalLM", "SamplingConfig", "forward_once", "generate", "load", "load_tokenizer"]
 
-__all__ = sorted(_PUBLIC)
+
+def _public_api() -> dict:
+    from hardway.decode.sampling import SamplingConfig
+    from hardway.decode.static import fast_generate  # lesson 08's generate, compiled by lesson 12 where it pays
+    from hardway.loading import CausalLM, forward_once, load, load_tokenizer  # load_tokenizer: a .gguf's too
+    return {"CausalLM": CausalLM, "SamplingConfig": SamplingConfig, "forward_once": forward_once,
+            "generate": fast_generate, "load": load, "load_tokenizer": load_tokenizer}
 
 
 def __getattr__(name):
-    if name not in _PUBLIC:
+    if name not in __all__:
         raise AttributeError(f"module 'hardway' has no attribute {name!r}")
-    module, _, attribute = _PUBLIC[name].partition(":")
-    value = getattr(importlib.import_module(module), attribute or name)
-    globals()[name] = value
-    return value
+    globals().update(_public_api())
+    return globals()[name]
 
 
 def __dir__():

@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from hardway.decode.kv_cache import KVCache
+from hardway.models.kv_cache import KVCache
 from hardway.models.gpt2 import GPT, LayerNorm, attention, causal_mask, gelu_tanh
 
 

@@ -7,7 +7,7 @@ import torch
 
 from hardway.exercises.lesson_08 import (KV_CONFIGS, check_kv_bytes_per_token, check_positions_processed,
                                check_sliding_window_cache)
-from hardway.decode.kv_cache import KVCache, kv_cache_bytes_per_token
+from hardway.models.kv_cache import KVCache, kv_cache_bytes_per_token
 from exercise_solutions import load_solutions
 
 

@@ -26,7 +26,7 @@ from hardway.decode.static import StaticDecodeStep, StaticKVCache
 from hardway.instruments.roofline import measure_bandwidth, measure_read_bandwidth, roofline_tokens_per_s
 from hardway.instruments.agreement import teacher_forced_agreement
 from hardway.decode.generate import Decoder, decode_one_token, generate, prefill
-from hardway.decode.kv_cache import KVCache, KVCacheFullError
+from hardway.models.kv_cache import KVCache, KVCacheFullError
 from hardway.loading import load
 from hardway.instruments.memory import weight_bytes
 from hardway.instruments.timing import time_interleaved

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from hardway.decode.generate import generate
-from hardway.decode.kv_cache import KVCache, KVCacheFullError
+from hardway.models.kv_cache import KVCache, KVCacheFullError
 from hardway.decode.sampling import GREEDY, SamplingConfig
 
 GPT2 = "openai-community/gpt2"

@@ -201,7 +201,7 @@ def test_load_tokenizer_reads_a_gguf_alone_from_its_metadata(real):
     from hardway.text.bpe import GPT2Tokenizer
     from hardway.formats.gguf import gguf_tokenizer
     from hardway.formats.hub import checkpoint
-    from hardway.text.tokenizer import load_tokenizer
+    from hardway import load_tokenizer  # the public one: a .gguf too (lesson 10's reads folders only)
 
     assert not (real.parent / "tokenizer.json").exists()  # nothing beside the file
     text = "<|im_start|>user\nHello, world<|im_end|>"
@@ -213,6 +213,9 @@ def test_load_tokenizer_reads_a_gguf_alone_from_its_metadata(real):
         (beside / name).write_bytes((gpt2 / name).read_bytes())
     (beside / real.name).symlink_to(real)
     assert isinstance(load_tokenizer(beside / real.name), GPT2Tokenizer)
+    from hardway.text.tokenizer import load_tokenizer as folder_tokenizer  # lesson 10's: folders, and a .gguf refused
+    with pytest.raises(ValueError, match=r"is a GGUF file.*hardway\.load_tokenizer"):
+        folder_tokenizer(real)
 
 
 def test_hardway_generate_runs_a_gguf_file(real, capsys):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hardway.kernels.gguf_blocks as gguf_blocks
-import hardway.kernels.gguf_layers as gguf_layers
+import hardway.loading as loading
 import hardway.server.launch as server_module
 from hardway import cli
 from hardway.decode.generate import generate
@@ -29,8 +29,8 @@ from hardway.course import STANDIN_ID
 from hardway.formats.hub import checkpoint, models_dir, shakespeare_path
 from hardway.kernels.c_loops import compile_c
 from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS, gguf_matmul_torch
-from hardway.kernels.gguf_layers import GGUFEmbedding, GGUFLinear, load_gguf_blocks
-from hardway.loading import load, open_model
+from hardway.kernels.gguf_layers import GGUFEmbedding, GGUFLinear
+from hardway.loading import load, load_gguf_blocks, open_model
 from hardway.server.launch import background_server
 
 SCALES_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2],
@@ -265,7 +265,7 @@ def recording(monkeypatch, model) -> list:
     def loader(path):
         calls.append(Path(path))
         return model
-    monkeypatch.setattr(gguf_layers, "load_gguf_blocks", loader)
+    monkeypatch.setattr(loading, "load_gguf_blocks", loader)
     return calls
 
 

@@ -153,7 +153,7 @@ def test_cached_forward_equals_uncached(tiny):
     fake = cached_forward(model, ids, FakeCache(c.n_layer, 2, c.n_head, 20, c.head_dim), chunks)
     assert (fake - full).abs().max() <= TOL
     assert torch.equal(fake.argmax(-1), full.argmax(-1))
-    real = cached_forward(model, ids, model.new_kv_cache(2, 20), chunks)  # hardway.decode.kv_cache.KVCache
+    real = cached_forward(model, ids, model.new_kv_cache(2, 20), chunks)  # hardway.models.kv_cache.KVCache
     assert (real - full).abs().max() <= TOL
 
 

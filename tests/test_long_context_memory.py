@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from hardway.cli import main
 from hardway.decode.generate import generate
-from hardway.decode.kv_cache import KVCacheFullError
+from hardway.models.kv_cache import KVCacheFullError
 from hardway.decode.kv_quant import Int8KVCache, dequantize_kv, new_kv_cache, quantize_kv
 from hardway.engine.engine import Engine
 from hardway.engine.paged_int8 import Int8PagedKVCache, pack_rows, unpack_rows

@@ -17,7 +17,8 @@ from hardway.decode.static import StaticDecodeStep
 from hardway.formats.gguf import read_gguf, smollm2_gguf
 from hardway.formats.hub import checkpoint
 from hardway.models.llama import Llama, ModelConfig
-from hardway.kernels.quantized import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks, gguf_quantized, matvec_int4, pack_nibbles, quantize_activations, quantize_int4, quantize_int8, quantize_linears, round_activations, unpack_nibbles, weights_nbytes)
+from hardway.kernels.quantized import (QuantizationError, QuantizedLinear, dequantize_int4, dequantize_int8, gguf_blocks, matvec_int4, pack_nibbles, quantize_activations, quantize_int4, quantize_int8, quantize_linears, round_activations, unpack_nibbles, weights_nbytes)
+from hardway.loading import gguf_quantized
 
 
 @pytest.fixture(scope="module")

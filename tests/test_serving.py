@@ -11,7 +11,7 @@ import torch
 
 from hardway.decode.generate import generate
 from hardway.formats.hub import checkpoint
-from hardway.decode.kv_cache import KVCache
+from hardway.models.kv_cache import KVCache
 from hardway.loading import load
 from hardway.decode.sampling import SamplingConfig
 from hardway.engine.block_manager import BlockManager, PoolTooSmallError, slot_of

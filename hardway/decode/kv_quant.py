@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from hardway.decode.kv_cache import KVCache
+from hardway.models.kv_cache import KVCache
 from hardway.loading import CausalLM
 
 KV_CACHE_DTYPES = ("auto", "int8")  # what kv_cache_dtype may be: the model's dtype, or int8

@@ -9,7 +9,7 @@ import weakref
 import torch
 
 from hardway.decode.generate import Decoder, MODEL_EOS, decode_one_token, generate
-from hardway.decode.kv_cache import KVCache
+from hardway.models.kv_cache import KVCache
 from hardway.decode.sampling import SamplingConfig
 from hardway.kernels.compile import compiled_step
 from hardway.kernels.layout import compile_pays

@@ -7,7 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check, expect_tensor
 from hardway.decode.generate import generate
-from hardway.decode.kv_cache import KVCache
+from hardway.models.kv_cache import KVCache
 
 
 class _CountingModel:

@@ -6,7 +6,7 @@ import torch
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check
 from hardway.instruments.roofline import roofline_tokens_per_s
-from hardway.decode.kv_cache import kv_cache_bytes_per_token
+from hardway.models.kv_cache import kv_cache_bytes_per_token
 from hardway.models.llama import Llama, ModelConfig
 from hardway.instruments.memory import weight_bytes
 

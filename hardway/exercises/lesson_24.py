@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hardway.decode.kv_cache import KVCache
+from hardway.models.kv_cache import KVCache
 from hardway.decode.kv_quant import dequantize_kv, new_kv_cache, quantize_kv
 from hardway.exercises.verdict import Wrong, attempt, exercise_check
 

@@ -23,7 +23,7 @@ import torch
 from hardway.formats.gguf_archs import ARCHITECTURES, FUSED_HALVES, GLOBAL_NAMES, Architecture
 from hardway.formats.gguf_quants import DEQUANTIZE, TENSOR_TYPES
 from hardway.formats.hub import models_dir
-from hardway.loading import Checkpoint, eos_token_list
+from hardway.contract import Checkpoint, eos_token_list
 from hardway.text.bpe import BPETokenizer, read_pre_tokenizer, unicode_to_bytes
 from hardway.text.chat import (
     ChatTemplate,
@@ -406,6 +406,14 @@ def gguf_tokenizer(path):
     return BPETokenizer(vocab, merges, splits, added)
 
 
+def gguf_file_tokenizer(path):
+    """The tokenizer a .gguf file's model runs with: the folder beside the file's, when it has tokenizer files (read
+    by lesson 10's load_tokenizer, as transformers reads them), else the one its metadata describes (gguf_tokenizer)."""
+    beside = Path(path).parent
+    has_files = (beside / "tokenizer.json").exists() or (beside / "vocab.json").exists()
+    return load_tokenizer(beside) if has_files else gguf_tokenizer(path)
+
+
 # ChatTemplate's names for special tokens -> the GGUF key tokenizer.ggml.<key>_token_id ("seperator" is the format's
 # own spelling)
 GGUF_SPECIAL_TOKENS = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "sep_token": "seperator",
@@ -414,12 +422,12 @@ GGUF_SPECIAL_TOKENS = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unk
 
 def gguf_chat_template(path) -> ChatTemplate:
     """Lesson 13's ChatTemplate for a GGUF file: the template of the folder beside it when that folder has one (as
-    load_tokenizer prefers the folder's tokenizer), else the metadata's `tokenizer.chat_template`, else (as llama.cpp
+    gguf_file_tokenizer prefers the folder's tokenizer), else the metadata's `tokenizer.chat_template`, else (as llama.cpp
     does) the template its architecture is known to use (gguf_archs: Gemma 3's turns), with the special tokens the
     metadata names by id. None of these: a ChatTemplateError."""
     path, beside = Path(path), Path(path).parent
     if (beside / "chat_template.jinja").is_file() or "chat_template" in read_tokenizer_config(beside):
-        return ChatTemplate(read_chat_template(beside), read_special_tokens(beside), load_tokenizer(path))
+        return ChatTemplate(read_chat_template(beside), read_special_tokens(beside), gguf_file_tokenizer(path))
     meta = read_gguf(path).metadata
     source = meta.get("tokenizer.chat_template")
     if not isinstance(source, str) or not source.strip():
@@ -434,4 +442,4 @@ def gguf_chat_template(path) -> ChatTemplate:
         i = meta.get(f"tokenizer.ggml.{key}_token_id")
         if isinstance(i, int) and 0 <= i < len(tokens):
             special[name] = tokens[i]
-    return ChatTemplate(source, special, load_tokenizer(path))
+    return ChatTemplate(source, special, gguf_file_tokenizer(path))

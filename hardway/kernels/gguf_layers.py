@@ -12,12 +12,10 @@ import itertools
 import torch
 import torch.nn as nn
 
-from hardway.formats.gguf import (GGUFError, GGUFFile, architecture, gguf_checkpoint, gguf_config, hub_name, read_gguf,
-                                  unpermute_qk)
+from hardway.formats.gguf import GGUFError, GGUFFile, architecture, gguf_config, hub_name
 from hardway.formats.gguf_quants import DEQUANTIZE
 from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS
-from hardway.kernels.layout import empty_on_huge_pages, lay_out_for_decode
-from hardway.loading import CausalLM, model_class, resolve
+from hardway.kernels.layout import empty_on_huge_pages
 from hardway.models.gemma3 import GeGLU, Gemma3Attention, gemma3_names
 from hardway.models.llama import MLP, Attention, hub_to_hardway_names
 from hardway.models.qwen3 import QKNormAttention, qwen3_names
@@ -179,62 +177,3 @@ def stacking(model: nn.Module, matrices: dict) -> tuple[list[list[str]], set[str
 def bias_of(model: nn.Module, layer: str) -> torch.Tensor | None:
     """The fp32 bias of the layer that `layer` names in the model as built (Qwen2's q, k, v), or None."""
     return None if layer == "tok_emb" else getattr(model.get_submodule(layer), "bias", None)
-
-
-def put_in_place(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
-
-
-def load_gguf_blocks(path) -> CausalLM:
-    """The model of a GGUF file (llama, qwen2, qwen3, gemma3) with each quantized matrix kept in the file's blocks
-    (GGUFLinear, GGUFEmbedding), never dequantized to fp32, copied once onto 2 MB pages; a layer's q, k and v and an
-    MLP's gate and up stacked where their types allow (StackedProjections); the rest (norms, other types) as
-    hardway.load reads it. A model type without a table in NAMES is a GGUFError that names what is supported."""
-    file = read_gguf(path)
-    arch, table = architecture(file)
-    kept = kept_matrices(file)
-    checkpoint = gguf_checkpoint(path, placeholders=set(kept))
-    model_type = checkpoint.config["model_type"]
-    if model_type not in NAMES:
-        raise GGUFError(f"{path}: keeping the blocks is done for {', '.join(NAMES)}; this is {model_type} "
-                        f"(hardway.load reads it in fp32)")
-    model = resolve(model_class(checkpoint.config, path)).from_checkpoint(checkpoint)
-    config = model.config
-    ours = NAMES[model_type](config)
-    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    matrices = {}  # our layer name -> (its blocks (out, bytes a row), type name, in_features)
-    for name, hub in kept.items():
-        info = file.tensors[name]
-        blocks = file.raw(name).reshape(info.shape[0], -1)  # (out, bytes a row): a view of the mapped file
-        layer = ours[hub].removesuffix(".weight")
-        kind = layer.rpartition(".")[2]
-        if table.permute_qk and kind in heads:
-            blocks = unpermute_qk(blocks, heads[kind])  # whole rows moved: the same bytes, in transformers' order
-        matrices[layer] = (blocks, info.type_name, info.shape[1])
-    runs, stacked = stacking(model, matrices)
-    together = [matrices[run[0]][0] if len(run) == 1 else torch.cat([matrices[layer][0] for layer in run])
-                for run in runs]  # a run's rows, one after the other
-    groups = {}  # module name -> [(a stack's GGUFLinear, its layers' names)], in the order of its projections
-    for run, blocks in zip(runs, on_huge_pages(together)):
-        _, type_name, in_features = matrices[run[0]]
-        biases = [bias_of(model, layer) for layer in run]
-        if run == ["tok_emb"]:
-            put_in_place(model, "tok_emb", GGUFEmbedding(blocks, type_name, in_features))
-            if config.tie_word_embeddings:
-                put_in_place(model, "lm_head", GGUFLinear(blocks, type_name, in_features))
-            continue
-        rows = 0
-        for layer, bias in zip(run, biases):  # each layer a view of its rows of the run
-            n = matrices[layer][0].shape[0]
-            put_in_place(model, layer, GGUFLinear(blocks[rows:rows + n], type_name, in_features, bias))
-            rows += n
-        if run[0] in stacked:
-            stack = GGUFLinear(blocks, type_name, in_features, None if biases[0] is None else torch.cat(biases))
-            groups.setdefault(run[0].rpartition(".")[0], []).append((stack, run))
-    for parent, stacks in groups.items():
-        module = model.get_submodule(parent)
-        module.__class__ = STACKED[type(module)]  # the same module, its project or gate_up now one call per stack
-        setattr(module, module.stacked, StackedProjections(
-            [stack for stack, _ in stacks], [[matrices[layer][0].shape[0] for layer in run] for _, run in stacks]))
-    return lay_out_for_decode(model)  # what is left in fp32, laid out as hardway.load lays it out

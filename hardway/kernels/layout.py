@@ -81,7 +81,7 @@ def lay_out_for_decode(model: nn.Module, compiled: bool | None = None) -> nn.Mod
 
     `parameters()` yields a tied Parameter once, and we replace its data, not the Parameter: ties survive. The
     strides the matrices had are kept in `model.loaded_strides` and the path in `model.laid_out_for`, for
-    lay_out_after_move."""
+    lay_out_after_move, which the model is handed as `relayout_after_move`: its `_apply` (every `.to()`) calls it."""
     weight = next(model.parameters())
     if use_decode_layout(weight.device, weight.dtype):
         compiled = compile_pays(weight.device, weight.dtype) if compiled is None else compiled
@@ -91,6 +91,7 @@ def lay_out_for_decode(model: nn.Module, compiled: bool | None = None) -> nn.Mod
             return model  # laid out so already: nothing copied
         remember_loaded_strides(model)
         model.laid_out_for = "compiled" if compiled else "eager"
+        model.relayout_after_move = lay_out_after_move  # a function handed in: the models import nothing of ours
         for p in model.parameters():
             if p.dim() == 2:
                 p.data = row_layout(p.data) if compiled else decode_layout(p.data)

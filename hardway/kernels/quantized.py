@@ -2,7 +2,8 @@
 
 """Weight-only quantization (lesson 17): a matrix stored as int8 (one scale per row, or per group) or int4 in groups
 (a scale and a minimum each, Q4_1's arithmetic); `QuantizedLinear` multiplies by it; `quantize_linears` puts one in
-place of every `nn.Linear` of a loaded model; `gguf_quantized` keeps a GGUF's own Q8_0 and Q4_1 blocks instead."""
+place of every `nn.Linear` of a loaded model; `gguf_blocks` reads a GGUF's own Q8_0 and Q4_1 blocks as its tensors
+(the loader's `gguf_quantized` puts them in a model)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.formats.gguf import hub_name, read_gguf, unpermute_qk
 from hardway.kernels.c_loops import c_loops_available  # and registers the C loops as torch.ops.hardway's operators
-from hardway.loading import load
-from hardway.models.llama import hub_to_hardway_names
 
 
 SCALE_DTYPE = torch.float16  # scales and minimums as GGUF stores them: 2 bytes each
@@ -241,7 +239,8 @@ class QuantizedLinear(nn.Module):
                 f"group_size={self.group_size}, bias={self.bias is not None}")
 
 
-def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+def put_in_place(model: nn.Module, name: str, module: nn.Module) -> None:
+    """`module` at `name` (a dotted path, "blocks.0.mlp.up_proj") of `model`, in place of what was there."""
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
@@ -251,7 +250,7 @@ def quantize_linears(model: nn.Module, bits: int, group_size: int | None = None,
     A head tied to the embedding gets its own quantized copy; the embedding table stays as it was (decoding reads one
     row of it per token, the head all of it). GPT-2's head is `wte` itself, not a Linear: it stays fp32."""
     for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in skip]:
-        _replace(model, name, QuantizedLinear.from_linear(linear, bits, group_size))
+        put_in_place(model, name, QuantizedLinear.from_linear(linear, bits, group_size))
     return model
 
 
@@ -288,30 +287,3 @@ def gguf_blocks(raw: torch.Tensor, type_name: str, shape: tuple[int, int]):
         nibbles = blocks[:, 4:]  # (n_blocks, 16): weight j low, weight j + 16 high, pack_nibbles' order already
         return nibbles.contiguous().reshape(out_features, in_features // 2), scales, mins
     raise QuantizationError(f"{type_name} blocks are not kept quantized; only Q8_0 and Q4_1 are")
-
-
-def gguf_quantized(path) -> nn.Module:
-    """A llama GGUF loaded by `hardway.load`, then each Q8_0 / Q4_1 matrix put back as the file stores it: a
-    QuantizedLinear of its own blocks (q and k rows un-permuted, scales with them). A tied head takes the token
-    embedding's blocks; the embedding table itself stays fp32."""
-    file = read_gguf(path)
-    model = load(path)
-    config = model.config
-    ours = hub_to_hardway_names(config)  # hub name -> ours, e.g. "blocks.0.attn.q_proj.weight"
-    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    for name, info in file.tensors.items():
-        if info.type_name not in ("Q8_0", "Q4_1") or len(info.dims) != 2:
-            continue
-        layer = ours[hub_name(name)].removesuffix(".weight")
-        if layer == "tok_emb":
-            if not config.tie_word_embeddings:
-                continue
-            layer = "lm_head"
-        tensors = gguf_blocks(file.raw(name), info.type_name, info.shape)
-        n_heads = heads.get(layer.rpartition(".")[2])
-        if n_heads:  # the file's row order for RoPE; every per-row tensor moves with its row
-            tensors = tuple(unpermute_qk(t, n_heads) for t in tensors)
-        bits = 8 if info.type_name == "Q8_0" else 4
-        out_features, in_features = info.shape
-        _replace(model, layer, QuantizedLinear(bits, in_features, out_features, 32, *tensors))
-    return model

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hardway.contract import Checkpoint
 from hardway.errors import ConfigError, check_int, check_number
-from hardway.loading import Checkpoint
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
 from hardway.models.llama import MLP, Attention, Llama, RotaryEmbedding, apply_rope, assign_weights, repeat_kv
 from hardway.models.rope_scaling import context_length, rope_scaling_from  # lesson 23

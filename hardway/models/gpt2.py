@@ -8,7 +8,6 @@ C = n_embd, H = n_head, d = head_dim = C // H, V = vocab_size.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 
@@ -323,7 +322,7 @@ class GPT(nn.Module):
         max_len = self.max_seq_len if max_len is None else max_len
         if max_len > self.max_seq_len:
             raise ValueError(f"max_len={max_len} is longer than this model's max_seq_len={self.max_seq_len}")
-        KVCache = importlib.import_module("hardway.decode.kv_cache").KVCache  # lesson 08's class, reached by name
+        from hardway.models.kv_cache import KVCache  # lesson 08's class: the cache this model's layers write to
         c, w = self.config, self.wte.weight
         return KVCache(c.n_layer, batch_size, max_len, c.n_head, c.head_dim, w.dtype, w.device)
 
@@ -332,13 +331,14 @@ class GPT(nn.Module):
         strides), then a model whose matrices `load` re-stored for CPU decoding (lesson 12) gets the layout `load`
         gives where it now is. A model moved computes what a model loaded there computes."""
         super()._apply(fn, recurse)
-        if "loaded_strides" in self.__dict__:  # set by lesson 12's lay_out_for_decode, so its module is imported
-            importlib.import_module("hardway.kernels.layout").lay_out_after_move(self)
+        relayout = self.__dict__.get("relayout_after_move")  # handed to the model by lesson 12's lay_out_for_decode
+        if relayout is not None:
+            relayout(self)
         return self
 
     @classmethod
     def from_checkpoint(cls, checkpoint) -> "GPT":
-        """GPT-2 from a `hardway.loading.Checkpoint`: its tensors (already in their dtype, on their device) become
+        """GPT-2 from a `hardway.contract.Checkpoint`: its tensors (already in their dtype, on their device) become
         the parameters. In eval mode."""
         config = GPT2Config.from_dict(checkpoint.config)
         config.eos_token_ids = checkpoint.eos_token_ids

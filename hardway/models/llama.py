@@ -7,7 +7,6 @@ Written to match transformers' LlamaForCausalLM / Qwen2ForCausalLM bit for bit i
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 
@@ -15,10 +14,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.decode.kv_cache import KVCache
+from hardway.contract import Checkpoint
 from hardway.errors import CheckpointError, ConfigError, check_int, check_number
-from hardway.loading import Checkpoint
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
+from hardway.models.kv_cache import KVCache
 from hardway.models.rope_scaling import (LENGTH_DEPENDENT, ROPE_TYPES, context_length,  # lesson 23
                                          length_dependent_inv_freq, llama3_scale_inv_freq,
                                          read_rope_config, rope_parameters)
@@ -356,8 +355,9 @@ class Llama(nn.Module):
         super()._apply(fn, recurse)
         if self.config.tie_word_embeddings and type(self.lm_head) is nn.Linear:  # not a quantized or packed head
             self.lm_head.weight = self.tok_emb.weight
-        if "loaded_strides" in self.__dict__:  # set by lesson 12's lay_out_for_decode
-            importlib.import_module("hardway.kernels.layout").lay_out_after_move(self)
+        relayout = self.__dict__.get("relayout_after_move")  # handed to the model by lesson 12's lay_out_for_decode
+        if relayout is not None:
+            relayout(self)
         return self
 
     @classmethod

@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hardway.contract import Checkpoint
 from hardway.errors import CheckpointError, ConfigError, check_int
-from hardway.loading import Checkpoint
 from hardway.models.gemma3 import layer_mask
 from hardway.models.llama import (MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding, assign_weights,
                                   causal_attention, hub_to_hardway_names)

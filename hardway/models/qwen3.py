@@ -13,8 +13,8 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from hardway.contract import Checkpoint
 from hardway.errors import ConfigError
-from hardway.loading import Checkpoint
 from hardway.models.llama import (MLP, Attention, Block, Llama, ModelConfig, RMSNorm, RotaryEmbedding, apply_rope,
                                   assign_weights, hub_to_hardway_names)
 

@@ -24,8 +24,9 @@ from transformers.masking_utils import sdpa_mask
 from transformers.utils import logging as transformers_logging
 
 from hardway.decode.generate import generate
+from hardway.decode.static import StaticDecodeStep  # lesson 12: the compiled step, verified here too
 from hardway.formats.hub import dataset_file, repo_root, shakespeare_path
-from hardway.loading import CausalLM, forward_once, open_model, resolve
+from hardway.loading import CausalLM, forward_once, open_model
 from hardway.models.gpt2 import causal_mask
 
 
@@ -362,7 +363,7 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
     theirs = load_reference(source, device=device, dtype=dtype)
     decoder = None  # lesson 12's compiled step (it compiles on its first call, inside the greedy check)
     if compile:
-        decoder = resolve("hardway.decode.static:StaticDecodeStep")(ours, max_len=input_ids.shape[1] + new_tokens)
+        decoder = StaticDecodeStep(ours, max_len=input_ids.shape[1] + new_tokens)
     with comparison_attention():  # one SDPA backend for both sides, for every check
         checks = [check_greedy(ours, theirs, input_ids, new_tokens, decoder)[0],
                   check_logits(ours, theirs, input_ids, dtype, reference)[0]]
