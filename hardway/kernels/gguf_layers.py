@@ -2,8 +2,8 @@
 
 """The layers that hold a GGUF's blocks as the file stores them (lesson 26): `GGUFLinear` multiplies by them through
 kernels.gguf_blocks' operator, `StackedProjections` computes the projections of one input in one call,
-`GGUFEmbedding` dequantizes the rows it looks up; `load_gguf_blocks` loads a model (llama, qwen2, qwen3, gemma3)
-whose quantized matrices never exist in fp32."""
+`GGUFEmbedding` dequantizes the rows it looks up. The loader's `load_gguf_blocks` (hardway/loading.py) builds a model
+(llama, qwen2, qwen3, gemma3) with them, whose quantized matrices never exist in fp32."""
 
 from __future__ import annotations
 
