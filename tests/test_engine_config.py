@@ -4,6 +4,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
@@ -43,12 +44,14 @@ def test_the_keyword_arguments_and_the_config_build_the_same_engine(tiny_llama):
         assert (engine.blocks.n_blocks, engine.blocks.block_size, engine.runner.block_size) == (24, 4, 4)
         assert (engine.scheduler.max_batch, engine.scheduler.max_step_tokens) == (3, 20)
         assert engine.runner.cache.scratch_slot == 24 * 4  # the pool's slots: 24 blocks of 4
-    changed = PrefixCachingEngine(model, tokenizer, new.config, max_batch=2)  # a config, one field changed
-    assert changed.config == dataclasses.replace(new.config, max_batch=2) and changed.scheduler.max_batch == 2
+    changed = PrefixCachingEngine(model, tokenizer, dataclasses.replace(new.config, max_batch=2))  # one field changed
+    assert changed.config == dataclasses.replace(new.config, max_batch=2, prefix_caching=True) and changed.scheduler.max_batch == 2
     assert changed.blocks.caches_prefixes and changed.blocks.n_blocks == 24
-    assert ModelRunner(model, n_blocks=8, block_size=4).cache.scratch_slot == 8 * 4  # the runner's old spelling
+    assert ModelRunner(model, EngineConfig(n_blocks=8, block_size=4)).cache.scratch_slot == 8 * 4
     with pytest.raises(TypeError, match="config must be an EngineConfig"):
         Engine(model, tokenizer, 24)  # the old positional n_blocks: refused by name, not misread
+    with pytest.raises(TypeError, match="not both"):  # a config and fields beside it: which one wins is unclear
+        Engine(model, tokenizer, new.config, max_batch=2)
     prompt = [5, 9, 2, 7]
     assert [s.output_ids for s in old.generate([prompt], GREEDY)] == \
            [s.output_ids for s in new.generate([prompt], GREEDY)]
@@ -108,16 +111,17 @@ def test_stats_are_the_last_steps_record_not_the_live_counters(tiny_llama):  # n
 
 def test_serve_no_repack_holds_the_weights_once(tiny_llama, monkeypatch):  # noqa: F811
     """`hardway serve --no-repack` sets onednn=False, and an engine so configured multiplies the model's own
-    matrices: no packed copy of any weight. By default the CLI leaves the choice to the engine (None)."""
+    matrices: no packed copy of any weight. By default EngineConfig.for_serving decides: where it pays (CPU, fp32)."""
     import hardway.server.launch as launch
     from hardway.cli import main
-    from hardway.kernels.onednn import MergedLinear, OneDNNLinear
+    from hardway.kernels.onednn import MergedLinear, OneDNNLinear, onednn_linear_pays
     from test_long_context_memory import SMOLLM2
 
     seen = {}
     monkeypatch.setattr(launch, "serve", lambda *args, **kwargs: seen.update(kwargs))
     assert main(["serve", "--model", SMOLLM2, "--eager", "--no-repack"]) == 0 and seen["config"].onednn is False
-    assert main(["serve", "--model", SMOLLM2, "--eager"]) == 0 and seen["config"].onednn is None
+    assert main(["serve", "--model", SMOLLM2, "--eager", "--device", "cpu", "--dtype", "float32"]) == 0
+    assert seen["config"].onednn is onednn_linear_pays("cpu", torch.float32)
     model, tokenizer = tiny_llama
     packed = [m for m in Engine(model, tokenizer, EngineConfig(n_blocks=8, onednn=False)).runner.model.modules()
               if isinstance(m, (OneDNNLinear, MergedLinear))]

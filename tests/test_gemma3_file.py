@@ -15,7 +15,7 @@ import torch
 
 import hardway.server.launch as server_module
 import hardway.verify.ritual as verify_module
-from hardway import cli
+from hardway import chat_cli, cli
 from hardway.decode.generate import generate
 from hardway.formats.gguf import gemma3_gguf
 from hardway.formats.hub import models_dir, shakespeare_path
@@ -139,7 +139,7 @@ def test_generate(opened, path, capsys):
 
 def test_chat_speaks_gemmas_turns(opened, path, monkeypatch):
     """The file has no chat template: Gemma's own turns, built in as llama.cpp builds them in, written out here."""
-    lines, transcript, chat_loop = iter([QUESTION]), io.StringIO(), cli.chat_loop
+    lines, transcript, chat_loop = iter([QUESTION]), io.StringIO(), chat_cli.chat_loop
 
     def read(prompt):  # one message, then the end of input (Ctrl-D)
         try:
@@ -147,7 +147,8 @@ def test_chat_speaks_gemmas_turns(opened, path, monkeypatch):
         except StopIteration:
             raise EOFError from None
 
-    monkeypatch.setattr(cli, "chat_loop", lambda *a, **k: chat_loop(*a, read=read, out=transcript, **k))
+    monkeypatch.setattr(chat_cli, "chat_loop",  # hardway.cli imports it when it runs
+                        lambda *a, **k: chat_loop(*a, read=read, out=transcript, **k))
     assert cli.main(["chat", "--model", str(path), "--exact", "--max-new-tokens", str(N_NEW)]) == 0
     source = opened[0]
     tokenizer = source.tokenizer()

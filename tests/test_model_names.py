@@ -19,7 +19,7 @@ import hardway
 import hardway.server.launch as server_module
 import hardway.verify.ritual as verify_module
 import hardway.verify.server as verify_server_module
-from hardway import cli
+from hardway import chat_cli, cli
 from hardway.text.chat import ChatTemplate
 from hardway.decode.generate import generate
 from hardway.formats.gguf import smollm2_gguf
@@ -148,7 +148,7 @@ def test_generate(kind, names, opened, folder_chat, capsys):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_chat(kind, names, opened, folder_chat, monkeypatch):
-    lines, transcript, chat_loop = iter([QUESTION]), io.StringIO(), cli.chat_loop
+    lines, transcript, chat_loop = iter([QUESTION]), io.StringIO(), chat_cli.chat_loop
 
     def read(prompt):  # one message, then the end of input (Ctrl-D)
         try:
@@ -156,7 +156,8 @@ def test_chat(kind, names, opened, folder_chat, monkeypatch):
         except StopIteration:
             raise EOFError from None
 
-    monkeypatch.setattr(cli, "chat_loop", lambda *a, **k: chat_loop(*a, read=read, out=transcript, **k))
+    monkeypatch.setattr(chat_cli, "chat_loop",  # hardway.cli imports it when it runs
+                        lambda *a, **k: chat_loop(*a, read=read, out=transcript, **k))
     assert cli.main(["chat", "--model", names[kind], "--max-new-tokens", str(N_NEW)]) == 0
     source = expect_source(opened, names, kind)
     ids = folder_chat.encode([{"role": "user", "content": QUESTION}], add_generation_prompt=True)

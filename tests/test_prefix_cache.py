@@ -11,6 +11,7 @@ from hardway.decode.generate import generate
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.engine.block_manager import PrefixCachingBlockManager, block_key
+from hardway.engine.config import EngineConfig
 from hardway.engine.engine import PrefixCachingEngine
 from hardway.server.worker import EngineThread
 from hardway.engine.engine import Engine
@@ -195,9 +196,18 @@ def test_stats_report_hits_misses_and_the_hit_rate(gpt2):
     assert plain["prefix_cache"] is False and plain["prefix_cache_hit_rate"] == 0.0
 
 
-@pytest.mark.parametrize("flags, engine_class", [([], PrefixCachingEngine), (["--no-prefix-cache"], Engine)])
-def test_serve_runs_the_prefix_cache_unless_told_not_to(monkeypatch, flags, engine_class):
+@pytest.mark.parametrize("flags, caching", [([], True), (["--no-prefix-cache"], False)])
+def test_serve_runs_the_prefix_cache_unless_told_not_to(monkeypatch, flags, caching):
     chosen = {}
     monkeypatch.setattr(hardway.server.launch, "serve", lambda *args, **kwargs: chosen.update(kwargs))
     assert cli.main(["serve", "--model", "openai-community/gpt2", "--device", "cpu", *flags]) == 0
-    assert chosen["engine_class"] is engine_class
+    assert chosen["config"].prefix_caching is caching
+
+
+def test_the_engine_reads_prefix_caching_from_its_config(gpt2):
+    """prefix_caching=True: the engine builds its scheduler with the prefix-caching block manager (no swap after);
+    PrefixCachingEngine is that engine, whatever its config said."""
+    model, tok = gpt2
+    assert type(Engine(model, tok, n_blocks=8, prefix_caching=True).blocks) is PrefixCachingBlockManager
+    assert type(Engine(model, tok, n_blocks=8).blocks) is not PrefixCachingBlockManager
+    assert PrefixCachingEngine(model, tok, EngineConfig(n_blocks=8)).config.prefix_caching

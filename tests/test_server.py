@@ -338,9 +338,9 @@ def test_gpt2_server_greedy_equals_generate_alone():
 
 @pytest.mark.parametrize("flags, words", [
     (["--model", "/nonexistent/folder"], "/nonexistent/folder"),
-    (["--model", GPT2, "--max-batch", "0"], "--max-batch must be at least 1"),
+    (["--model", GPT2, "--max-batch", "0"], "--max-batch must be a whole number of at least 1"),
     (["--model", GPT2, "--port", "70000"], "--port must be in 1..65535"),
-    (["--model", GPT2, "--max-step-tokens", "0"], "--max-step-tokens must be at least 1"),
+    (["--model", GPT2, "--max-step-tokens", "0"], "--max-step-tokens must be a whole number of at least 1"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(flags, words):
     r = subprocess.run([str(HARDWAY), "serve", *flags], capture_output=True, text=True, timeout=600)

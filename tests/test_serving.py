@@ -302,7 +302,7 @@ def test_onednn_linear_computes_batches_with_onednn_and_leaves_one_row_to_torch(
     assert torch.equal(one, ref_one), "one row is not torch's own linear, bit for bit"
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max(), "oneDNN's batch differs by more than fp32 rounding"
     model = gpt2[0]
-    runner = ModelRunner(model, n_blocks=8, block_size=8)  # fp32 on the CPU: the twin with oneDNN linears
+    runner = ModelRunner(model, EngineConfig(n_blocks=8, block_size=8))  # fp32 on the CPU: the twin with oneDNN linears
     assert runner.model is not model and not any(isinstance(m, OneDNNLinear) for m in model.modules())
     assert all(type(m) is not torch.nn.Linear for m in runner.model.modules())
     twin = dict(runner.model.named_parameters())
@@ -537,7 +537,7 @@ def test_merged_projections_equal_the_separate_ones(tiny_llama):
     09's separate projections within fp32 rounding; one row bit for bit torch's own (generate()'s arithmetic); every
     parameter shared with the model, none copied."""
     model = tiny_llama[0]
-    twin = ModelRunner(model, n_blocks=8, block_size=4).model
+    twin = ModelRunner(model, EngineConfig(n_blocks=8, block_size=4)).model
     block, twin_block = model.blocks[0], twin.blocks[0]
     assert isinstance(twin_block.attn, MergedAttention) and isinstance(twin_block.mlp, MergedMLP)
     assert twin_block.attn.qkv_proj.sizes == [64, 32, 32] and twin_block.mlp.gate_up_proj.sizes == [96, 96]

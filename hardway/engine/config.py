@@ -8,6 +8,12 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from hardway.decode.kv_quant import check_kv_cache_dtype
+from hardway.decode.regex_parser import GrammarBudget
+from hardway.kernels.layout import use_decode_layout
+from hardway.kernels.onednn import onednn_linear_pays
+
+
+SERVING_COMPILE_SIZES = (1, 8, 16)  # `hardway serve`'s compiled decode steps where compiling pays (for_serving)
 
 
 @dataclass(frozen=True)
@@ -15,7 +21,7 @@ class EngineConfig:
     """Every setting of an engine, checked once when it is made and never changed afterwards (nano-vllm's `Config`):
     the Engine keeps it as `engine.config` and hands its scheduler and model runner the fields each needs. What one
     request asks for is not here: that is its SamplingParams. A different setting is a new record:
-    `dataclasses.replace(config, max_batch=4)`."""
+    `dataclasses.replace(config, max_batch=4)`; `hardway serve`'s is `EngineConfig.for_serving(device, dtype)`."""
     n_blocks: int | None = 256       # blocks in the KV pool; None: room for max_batch sequences of the model's
                                      # context, 512 positions each at most (`hardway serve`'s default)
     block_size: int = 16             # positions per block
@@ -24,10 +30,13 @@ class EngineConfig:
     compile_sizes: tuple[int, ...] = ()  # batch sizes whose decode steps run compiled (CompiledDecode)
     background_compile: bool = False  # compile them in a thread of their own while the engine steps eagerly
     backend: str | Callable | None = None  # torch.compile's backend for them (None: lesson 12's choice)
-    onednn: bool | None = None       # several-row steps on the oneDNN twin; None: where it pays (CPU, fp32)
+    onednn: bool | None = None       # several-row steps on the oneDNN twin, its packed copy of the weights (lesson
+                                     # 22; `--no-repack`: False); None: where it pays (CPU, fp32)
     kv_cache_dtype: str | None = None  # "int8": the KV pool in int8 (lesson 24); None or "auto": the model's dtype
     sliding_pool: bool = True        # a second pool for the sliding-window layers, if the model has some (lesson 15)
     n_sliding_blocks: int | None = None  # that pool's blocks; None: room for max_batch sequences' windows
+    prefix_caching: bool = False     # full blocks of earlier prompts shared (lesson 15's PrefixCachingBlockManager)
+    grammar_budget: GrammarBudget = GrammarBudget()  # what one request's grammar may cost (lesson 25)
 
     def __post_init__(self):
         counts = ["block_size", "max_batch", "max_step_tokens"] + \
@@ -37,19 +46,28 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
         sizes = tuple(self.compile_sizes)
-        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-            raise ValueError(f"compile_sizes must be batch sizes of at least 1, got {self.compile_sizes!r}")
+        if any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_batch for b in sizes):
+            raise ValueError(f"compile_sizes must be batch sizes from 1 to max_batch ({self.max_batch}), got "
+                             f"{self.compile_sizes!r}")
+        if not isinstance(self.grammar_budget, GrammarBudget):
+            raise ValueError(f"grammar_budget must be a GrammarBudget, got {self.grammar_budget!r}")
         # Frozen: a field is set with object.__setattr__, here, and nowhere else
         object.__setattr__(self, "compile_sizes", tuple(sorted(set(sizes))))
         object.__setattr__(self, "kv_cache_dtype", check_kv_cache_dtype(self.kv_cache_dtype))  # "auto" -> None
 
     @classmethod
-    def of(cls, config: EngineConfig | None = None, **settings) -> EngineConfig:
-        """`config` with `settings` (its fields, by name) changed, or a new record of `settings`: Engine, ModelRunner
-        and `serve` take a config, and the keyword arguments they took before it existed still work beside it."""
-        if config is not None and not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__} {config!r}")
-        return cls(**settings) if config is None else replace(config, **settings) if settings else config
+    def for_serving(cls, device, dtype, eager: bool = False, **settings) -> EngineConfig:
+        """`hardway serve`'s settings for a model on `device` in `dtype`: a pool with room for max_batch sequences
+        of the model's context (512 positions each at most), prefix caching (lesson 15), oneDNN's packed weights
+        where they pay (lesson 22), and, on a CPU in fp32 unless `eager`, the decode steps of 1, 8 and 16 requests (up
+        to max_batch) compiled in the background while the engine already answers with eager steps: the sizes
+        measured fastest against vLLM on a 2-core CPU (docs/serving.md). `settings`: fields set otherwise, by name."""
+        max_batch = settings.get("max_batch", cls.max_batch)
+        compiles = use_decode_layout(device, dtype) and not eager  # lesson 12: compiling pays on a CPU in fp32
+        defaults = dict(n_blocks=None, prefix_caching=True, background_compile=True,
+                        compile_sizes=tuple(b for b in SERVING_COMPILE_SIZES if b <= max_batch) if compiles else (),
+                        onednn=onednn_linear_pays(device, dtype))
+        return cls(**{**defaults, **settings})
 
     def sized_for(self, max_seq_len: int) -> EngineConfig:
         """This config with a pool of n_blocks None sized for a model of context `max_seq_len`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 
 import torch
 
@@ -40,15 +41,24 @@ class Engine:
     A model whose `sliding_windows` names layers that attend to a sliding window (lesson 15) gets a second pool for
     those layers, whose blocks go back to it as the window moves past them: `n_sliding_blocks` blocks (None: room
     for max_batch sequences' windows). sliding_pool=False keeps every layer in the one pool, as for any other
-    model (to compare). Such a model reuses no cached prefix: PrefixCachingEngine caches nothing for it.
+    model (to compare). `prefix_caching` (lesson 15): the pool's block manager is a PrefixCachingBlockManager, which
+    shares the full blocks of earlier prompts; a model with sliding layers caches no prefix.
     `kv_cache_dtype` (lesson 24): "int8" stores the KV cache in int8, a scale per position and head; None or "auto":
     the model's dtype.
 
-    Every setting above is a field of `config` (EngineConfig), kept as `self.config`; `settings` are the same fields
-    by name, as the engine took them before the record existed: Engine(model, tokenizer, n_blocks=64)."""
+    Every setting above is a field of `config` (EngineConfig), kept as `self.config`. Or give the fields by name
+    instead, as the engine took them before the record existed: Engine(model, tokenizer, n_blocks=64) is
+    Engine(model, tokenizer, EngineConfig(n_blocks=64)). Not both: a config with a field changed is
+    `dataclasses.replace(config, n_blocks=64)`."""
 
     def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, **settings):
-        self.config = config = EngineConfig.of(config, **settings).sized_for(model.max_seq_len)
+        if config is not None and not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__} {config!r}")
+        if config is not None and settings:
+            raise TypeError(f"give an EngineConfig or its fields by name, not both (got {sorted(settings)} beside it): "
+                            f"dataclasses.replace(config, ...) is the config with fields changed")
+        config = EngineConfig(**settings) if config is None else config
+        self.config = config = config.sized_for(model.max_seq_len)
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size = model.config.vocab_size  # rows of the embedding: the ids the model can read
         largest = max(tokenizer.decoder)  # the largest id the tokenizer can produce (an added token's, often)
@@ -59,7 +69,10 @@ class Engine:
         windows = getattr(model, "sliding_windows", None) if config.sliding_pool else None  # lesson 15; None: all full
         sliding = sliding_block_manager(windows, config.n_blocks, config.block_size, config.max_batch,
                                         config.max_step_tokens, config.n_sliding_blocks)
-        self.scheduler = Scheduler(config.n_blocks, config.block_size, config.max_batch, config.max_step_tokens, sliding)
+        caching = config.prefix_caching and sliding is None  # lesson 15; a sliding pool's blocks are not cached
+        blocks = (PrefixCachingBlockManager if caching else BlockManager)(config.n_blocks, config.block_size)
+        self.scheduler = Scheduler(config.n_blocks, config.block_size, config.max_batch, config.max_step_tokens, sliding,
+                                   blocks)
         sliding_layers = [i for i, w in enumerate(windows or ()) if w is not None]
         self.runner = ModelRunner(model, config, sliding_layers=sliding_layers,
                                   n_sliding_blocks=sliding.n_blocks if sliding else 0)
@@ -242,15 +255,17 @@ class Engine:
 
 
 class PrefixCachingEngine(Engine):
-    """Lesson 14's engine with the prefix-caching block manager in its scheduler. A request's n choices share their
-    prompt's full blocks: choices 1..n-1 (added with `share_prompt_with` = choice 0's id) wait, held here, until
-    choice 0's prompt is computed, and are admitted on the next step, which finds those blocks cached."""
+    """Lesson 14's engine with prefix_caching=True, whatever its config says: the engine builds its scheduler with the
+    prefix-caching block manager (a model with sliding layers caches no prefix, section 5). A request's n choices
+    share their prompt's full blocks: choices 1..n-1 (added with `share_prompt_with` = choice 0's id) wait, held
+    here, until choice 0's prompt is computed, and are admitted on the next step, which finds those blocks cached."""
 
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, **settings):
+        if config is None:
+            settings = {"prefix_caching": True, **settings}  # the fields by name, as Engine takes them
+        elif isinstance(config, EngineConfig):
+            config = replace(config, prefix_caching=True)
         super().__init__(model, tokenizer, config, **settings)
-        if self.scheduler.sliding_blocks is None:  # a model with sliding layers caches no prefix (section 5)
-            self.scheduler.blocks = PrefixCachingBlockManager(self.config.n_blocks,  # before any request: holds
-                                                              self.config.block_size)  # nothing
         self.held: dict[int, list[Sequence]] = {}  # a sequence's id -> those waiting for its prompt's blocks
 
     def queue(self, seq: Sequence, share_prompt_with: int | None = None) -> None:

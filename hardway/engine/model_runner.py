@@ -241,11 +241,11 @@ class ModelRunner:
     `sliding_layers` (lesson 15): the layers whose keys and values live in the sliding layers' pool of
     n_sliding_blocks blocks; each sequence then has a second slot mapping, from its sliding table.
     `kv_cache_dtype` (lesson 24): "int8" keeps the pool in int8 (Int8PagedKVCache); None or "auto", the model's.
-    These settings are the fields of `config` (EngineConfig), or `settings` by name: ModelRunner(model, n_blocks=8)."""
+    These settings are the fields of `config` (EngineConfig), the Engine's: ModelRunner(model, EngineConfig(n_blocks=8))."""
 
-    def __init__(self, model: CausalLM, config: EngineConfig | None = None, sliding_layers=(),
-                 n_sliding_blocks: int = 0, **settings):
-        config = EngineConfig.of(config, **settings).sized_for(model.max_seq_len)
+    def __init__(self, model: CausalLM, config: EngineConfig = EngineConfig(), sliding_layers=(),
+                 n_sliding_blocks: int = 0):
+        config = config.sized_for(model.max_seq_len)
         cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
         self.cache = cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers, n_sliding_blocks)
         self.block_size, self.device = config.block_size, self.cache.device

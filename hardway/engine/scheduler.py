@@ -24,14 +24,15 @@ class Scheduler:
 
     `sliding_blocks` (lesson 15): the block manager of the sliding-window layers' pool, for a model that has them.
     Each step starts by handing back the sliding blocks every running sequence's window has left behind; room for a
-    sequence is then room in both pools: `grow` grows both its tables or neither."""
+    sequence is then room in both pools: `grow` grows both its tables or neither. `blocks`: the pool's block manager
+    (default a BlockManager of n_blocks blocks of block_size; lesson 15's engine hands in its prefix cache)."""
 
     def __init__(self, n_blocks: int, block_size: int, max_batch: int = 16, max_step_tokens: int = 512,
-                 sliding_blocks: SlidingBlockManager | None = None):
+                 sliding_blocks: SlidingBlockManager | None = None, blocks: BlockManager | None = None):
         if max_batch < 1 or max_step_tokens < 1:
             raise ValueError(f"Scheduler needs max_batch >= 1 and max_step_tokens >= 1, got {max_batch}, "
                              f"{max_step_tokens}")
-        self.blocks = BlockManager(n_blocks, block_size)
+        self.blocks = BlockManager(n_blocks, block_size) if blocks is None else blocks
         self.sliding_blocks = sliding_blocks
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
         self.waiting: deque[Sequence] = deque()  # first come, first served; preempted ones go back to the front

@@ -63,8 +63,9 @@ def use_decode_layout(device, dtype) -> bool:
 
 
 def eager_requested() -> bool:
-    """Whether this process asked for eager decoding everywhere: HARDWAY_EAGER=1 in the environment (what
-    `--eager` on the command line sets; the test suite sets it too, where only the tokens matter)."""
+    """Whether this process asked for eager decoding everywhere: HARDWAY_EAGER=1 in the environment, the one place
+    the library reads it (load's layout, generate's default); the command line reads it once too, as `--eager`, and
+    hands the choice on as an argument. The test suite sets it where only the tokens matter."""
     return os.environ.get("HARDWAY_EAGER", "").strip() not in ("", "0")
 
 

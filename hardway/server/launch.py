@@ -12,13 +12,12 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
-
 import torch
 import uvicorn
 
 from hardway.engine.config import EngineConfig
-from hardway.engine.engine import Engine
+from hardway.engine.engine import Engine, PrefixCachingEngine
+from hardway.kernels.layout import lay_out_for_decode
 from hardway.loading import open_model
 from hardway.server.app import create_app
 from hardway.server.worker import EngineThread
@@ -36,9 +35,10 @@ class _Server(uvicorn.Server):
     spot. The exit status is 0: a stop was asked for (uvicorn would re-raise the signal, and the process would die
     of it)."""
 
-    def __init__(self, config: uvicorn.Config, worker: EngineThread, grace_s: float):
+    def __init__(self, config: uvicorn.Config, worker: EngineThread, grace_s: float, on_listening=None):
         super().__init__(config)
         self.worker, self.grace_s = worker, grace_s
+        self.on_listening = on_listening  # called once the socket listens (serve: the compile thread starts)
         self.n_signals = 0       # SIGINT/SIGTERM received so far
         self.closing = None      # the task that finishes the conversations
 
@@ -58,6 +58,11 @@ class _Server(uvicorn.Server):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_listening is not None:
+            self.on_listening()
 
     async def on_tick(self, counter: int) -> bool:
         if self.n_signals and self.closing is None:
@@ -80,8 +85,10 @@ async def wait_while(condition, seconds: float) -> None:
         await asyncio.sleep(0.02)
 
 
-def in_a_thread_of_its_own(fn):
-    """fn() run in a new thread, which ends with it -> what fn returned (or what it raised, raised here)."""
+def in_a_thread_of_its_own(fn, meanwhile=None):
+    """fn() run in a new thread, which ends with it -> what fn returned (or what it raised, raised here).
+    `meanwhile()`, if given, runs in the caller's thread at the same time, and then the result is the pair (fn's
+    value, meanwhile's): pure Python work (reading a tokenizer) beside torch's, which lets go of the GIL."""
     outcome = {}
 
     def run():
@@ -92,28 +99,39 @@ def in_a_thread_of_its_own(fn):
 
     thread = threading.Thread(target=run, name="loading", daemon=True)  # daemon: Ctrl-C while loading still exits
     thread.start()
-    thread.join()
+    try:
+        beside = meanwhile() if meanwhile is not None else None
+    finally:
+        thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["value"]
+    return outcome["value"] if meanwhile is None else (outcome["value"], beside)
 
 
 def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: EngineConfig | None = None, *,
-          device: str = "cpu", dtype=None, gguf_blocks: bool = False, engine_class: type[Engine] = Engine,
-          grammar_budget=None, grace_s: float = 5.0, log_level: str = "warning", **settings) -> None:
+          device: str = "cpu", dtype=None, gguf_blocks: bool = False, engine_class: type[Engine] | None = None,
+          grace_s: float = 5.0, log_level: str = "warning", **settings) -> None:
     """Load a model and serve it until SIGINT/SIGTERM. `model_id`: anything `open_model` takes (a hub id, a folder,
     a .gguf file), or its ModelSource; /v1/models lists it under the name as given.
 
-    `config`: the engine's settings (EngineConfig; by default a pool with room for max_batch sequences of 512
-    positions, or the context if shorter); `settings`: its fields by name, as `serve` took them before the record
-    existed (max_batch=4, compile_sizes=(1,)). Its `compile_sizes` compile in the background while the server
-    answers (eager steps until each size is ready; /stats lists them). How the model loads: on `device` in `dtype`
-    (fp32 if None), or with `gguf_blocks`, a .gguf file on its blocks (lesson 26's `load(blocks=True)`), its quantized matrices
-    kept in their blocks. `engine_class`: Engine, or a subclass with the same arguments (`hardway serve` runs lesson
-    15's PrefixCachingEngine). `grammar_budget`: what one request's grammar may cost (lesson 25's GrammarBudget;
-    None: its defaults). On a signal, running requests get `grace_s` seconds to finish, and those still open are
-    ended with an error (see _Server); a second signal ends sooner."""
-    config = replace(EngineConfig.of(config or EngineConfig(n_blocks=None), **settings), background_compile=True)
+    `config`: the engine's settings, by default `EngineConfig.for_serving(device, dtype)`: a pool with room for
+    max_batch sequences of 512 positions (or the context if shorter), prefix caching (lesson 15), and on a CPU in fp32
+    the decode steps of 1, 8 and 16 requests compiled; or that default's fields by name in `settings`
+    (max_batch=4, compile_sizes=(1,)), not both. The grammar budget of each request (lesson 25) is a field too. Its
+    `compile_sizes` compile in the background once the server listens (eager steps until each size is ready; /stats
+    lists them), and the weights are laid out for that path (lesson 12): compiled if any size compiles, else eager.
+    How the model loads: on `device` in `dtype` (fp32 if None), or with `gguf_blocks`, a .gguf file on its blocks
+    (lesson 26's `load(blocks=True)`), its quantized matrices kept in their blocks. `engine_class`: Engine, or a
+    subclass with the same arguments (None: lesson 15's PrefixCachingEngine if config.prefix_caching, else
+    Engine). On a signal, running requests get `grace_s` seconds to finish, and those still open are ended with an
+    error (see _Server); a second signal ends sooner."""
+    dtype = dtype or torch.float32
+    if config is None:
+        config = EngineConfig.for_serving(device, dtype, **settings)
+    elif settings:
+        raise TypeError(f"give an EngineConfig or its fields by name, not both (got {sorted(settings)} beside it)")
+    if engine_class is None:
+        engine_class = PrefixCachingEngine if config.prefix_caching else Engine
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
@@ -121,27 +139,35 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
         except OSError as e:
             raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     source = open_model(model_id)  # lesson 06: a hub id, a folder or a .gguf file (lesson 16), found and checked
-    tokenizer = source.tokenizer()
-    try:
-        chat = source.chat_template()
-    except (ChatTemplateError, OSError):
-        chat = None  # a base model: /v1/completions only
 
-    def build_engine() -> Engine:
-        model = source.load(device=device, dtype=dtype or torch.float32, blocks=gguf_blocks)  # blocks: lesson 26
-        return engine_class(model, tokenizer, config)
+    def load_model():
+        model = source.load(device=device, dtype=dtype, blocks=gguf_blocks)  # blocks: lesson 26
+        # lesson 12's layout for the path that will run: a no-op where `load` chose it already
+        return model if gguf_blocks else lay_out_for_decode(model, compiled=bool(config.compile_sizes))
 
-    # No tensor is ever computed in this thread: the model loads in a thread of its own that then ends, the decode
-    # steps compile in another (giving way to the engine's steps, ending when they are compiled), and the engine
-    # thread computes everything else (lesson 14, "One thread computes").
-    engine = in_a_thread_of_its_own(build_engine)
-    app = create_app(engine, source.name, chat, grammar_budget=grammar_budget)  # the name as given: what clients send
+    def read_text_files():
+        tokenizer = source.tokenizer()
+        try:
+            chat = source.chat_template()
+        except (ChatTemplateError, OSError):
+            chat = None  # a base model: /v1/completions only
+        return tokenizer, chat
+
+    # No tensor is ever computed in this thread: the model loads in a thread of its own (while this one reads the
+    # tokenizer and the chat template, pure Python: the load's torch operations let go of the GIL), the engine is
+    # built in another, the decode steps compile in a third once the server listens (giving way to the engine's
+    # steps, ending when they are compiled), and the engine thread computes everything else (lesson 14, "One
+    # thread computes").
+    model, (tokenizer, chat) = in_a_thread_of_its_own(load_model, meanwhile=read_text_files)
+    engine = in_a_thread_of_its_own(lambda: engine_class(model, tokenizer, config))
+    app = create_app(engine, source.name, chat, grammar_budget=config.grammar_budget)  # the name as given
     decode = engine.runner.decode
+    http = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = _Server(http, app.state.worker, grace_s)
     if decode is not None:
         decode.compile_in_background()
-    http = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     try:
-        _Server(http, app.state.worker, grace_s).run()
+        server.run()
     finally:
         if decode is not None:
             decode.cancel()  # whatever it was writing into the compile cache is written whole
