@@ -9,11 +9,13 @@ model import it; it imports nothing of theirs. `hardway.loading`, the loader at 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from hardway.errors import CheckpointError, ConfigError, check_int
 from hardway.formats.safetensors import load_checkpoint
@@ -107,6 +109,26 @@ def read_checkpoint(folder, device="cpu", dtype: torch.dtype = torch.float32) ->
             raise CheckpointError(f"{folder}: tensor {name!r} has values beyond the range of {dtype}, which become "
                                   f"infinite: load it in a wider dtype")
     return Checkpoint(folder, config, eos, tensors)
+
+
+class SkipInitialisers(TorchFunctionMode):
+    """Inside it, torch.nn.init's functions (the random initial values every layer draws as it is built) do nothing."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def shapes_only():
+    """A model built inside `with shapes_only():` has parameters with shapes but no memory (the meta device) and no
+    initial values: a checkpoint's tensors replace every one (`load_state_dict(..., assign=True)`). Skipping the
+    initialisers is not only less work: nn.Embedding's normal_ on the meta device imports torch's compiler, most of
+    a second of every start-up."""
+    with torch.device("meta"), SkipInitialisers():
+        yield
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.contract import Checkpoint
+from hardway.contract import Checkpoint, shapes_only
 from hardway.errors import ConfigError, check_int, check_number
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
 from hardway.models.llama import MLP, Attention, Llama, RotaryEmbedding, apply_rope, assign_weights, repeat_kv

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.contract import Checkpoint
+from hardway.contract import Checkpoint, shapes_only
 from hardway.errors import CheckpointError, ConfigError, check_int, check_number
 from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
 from hardway.models.kv_cache import KVCache
@@ -367,7 +367,7 @@ class Llama(nn.Module):
         them the parameters."""
         config = ModelConfig.from_dict(checkpoint.config)
         config.eos_token_ids = checkpoint.eos_token_ids
-        with torch.device("meta"):  # shapes only: allocate nothing until the real weights arrive
+        with shapes_only():  # lesson 06: allocate nothing, draw no initial values, until the real weights arrive
             model = cls(config)
         return load_weights(model, checkpoint.tensors).eval()
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hardway.contract import Checkpoint
+from hardway.contract import Checkpoint, shapes_only
 from hardway.errors import CheckpointError, ConfigError, check_int
 from hardway.models.gemma3 import layer_mask
 from hardway.models.llama import (MLP, Attention, Llama, ModelConfig, RMSNorm, RotaryEmbedding, assign_weights,
@@ -218,7 +218,7 @@ class MoE(Llama):
         """A Mixtral or Qwen3-MoE from a `Checkpoint` (lesson 06), its experts stacked by load_moe_weights."""
         config = MoEConfig.from_dict(checkpoint.config)
         config.eos_token_ids = checkpoint.eos_token_ids
-        with torch.device("meta"):  # shapes only: allocate nothing until the real weights arrive
+        with shapes_only():  # shapes only: allocate nothing until the real weights arrive
             model = cls(config)
         return load_moe_weights(model, checkpoint.tensors).eval()
 

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from hardway.contract import Checkpoint
+from hardway.contract import Checkpoint, shapes_only
 from hardway.errors import ConfigError
 from hardway.models.llama import (MLP, Attention, Block, Llama, ModelConfig, RMSNorm, RotaryEmbedding, apply_rope,
                                   assign_weights, hub_to_hardway_names)
@@ -81,7 +81,7 @@ class Qwen3(Llama):
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "Qwen3":
         config = qwen3_config(checkpoint.config)
         config.eos_token_ids = checkpoint.eos_token_ids
-        with torch.device("meta"):  # shapes only, as lesson 09
+        with shapes_only():  # shapes only, as lesson 09
             model = cls(config)
         model = assign_weights(model, checkpoint.tensors, qwen3_names(config))
         model.rope = RotaryEmbedding(config, device=model.tok_emb.weight.device)  # fp32, where the weights are
