@@ -188,7 +188,7 @@ def test_a_sequence_whose_forward_raises_fails_alone(gpt2, monkeypatch, phase):
     good.append(engine.add(prompts[2], params))
     events = []
     while engine.has_work():
-        events += engine.step()
+        events += engine.step()[0]  # (outputs, stats)
     assert bad.finish_reason == "error" and "RuntimeError: injected failure" in bad.error
     assert [e.finished for e in events if e.request_id == bad.id][-1]
     assert sum(e.request_id == bad.id for e in events) <= 2
@@ -369,7 +369,7 @@ def test_streamed_text_equals_the_finished_text_with_a_multibyte_stop(gpt2):
     seq = engine.add(ids, SamplingParams(max_tokens=10, temperature=0, stop=[stop]))
     pieces = []
     while engine.has_work():
-        pieces += [e.text for e in engine.step() if e.request_id == seq.id]
+        pieces += [e.text for e in engine.step()[0] if e.request_id == seq.id]
     assert "".join(pieces) == seq.text == tok.decode(out)[:tok.decode(out).index(stop)]
 
 
