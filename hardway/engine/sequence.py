@@ -98,7 +98,7 @@ class SamplingParams:
             refuse("top_p", "in (0, 1]")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
-            refuse("seed", f"None or a whole number in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+            refuse("seed", f"in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (a whole number), or None")
         if not number("min_p") or not 0 <= self.min_p <= 1:
             refuse("min_p", "in [0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):

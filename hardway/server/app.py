@@ -32,6 +32,7 @@ from hardway.server.protocol import (
     error_body,
     error_response,
     prompt_ids,
+    refused,
     sampling_params,
 )
 from hardway.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -112,7 +113,7 @@ async def api_error(request: Request, e: APIError) -> JSONResponse:
 async def sampling_params_error(request: Request, e: SamplingParamsError) -> JSONResponse:
     """A SamplingParams a handler made that breaks a rule (protocol.sampling_params answers most such 400s itself,
     with the request's own field names): a 400 naming the field."""
-    return error_response(400, str(e).removeprefix("SamplingParams: "), e.field)
+    return await api_error(request, refused(e))
 
 
 async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:

@@ -167,9 +167,18 @@ def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int
                                 logit_bias=logit_bias_asked(body))
         params.check_vocabulary(engine.vocab_size)
     except SamplingParamsError as e:  # the request's name for the field: max_tokens may be max_completion_tokens
-        raise APIError(400, str(e).removeprefix("SamplingParams: "), name if e.field == "max_tokens" else e.field) \
-            from None
+        raise refused(e, name if e.field == "max_tokens" else e.field) from None
     return params
+
+
+def refused(e: SamplingParamsError, param: str | None = None) -> APIError:
+    """A SamplingParamsError as the 400 a client reads: `param` (default: the field it names) in the error's
+    `param`, and quoted in the message as the server's other messages quote a field."""
+    param = param or e.field
+    message = str(e).removeprefix("SamplingParams: ")
+    if message.startswith(e.field + " "):
+        message = f"'{param}'{message[len(e.field):]}"
+    return APIError(400, message, param)
 
 
 def prompt_ids(prompt, engine: Engine) -> list[int]:
