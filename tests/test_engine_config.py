@@ -90,13 +90,12 @@ def test_stats_are_the_last_steps_record_not_the_live_counters(tiny_llama):  # n
     changes afterwards, outside a step, shows only in the next record."""
     model, tokenizer = tiny_llama
     engine = PrefixCachingEngine(model, tokenizer, n_blocks=16, block_size=4, max_batch=2)
-    worker = create_app(engine, "tiny").state.worker  # its on_stats keeps each record for /stats
-    records = []
-    recording = engine.on_stats
-    engine.on_stats = lambda stats: (records.append(stats), recording(stats))
+    worker = create_app(engine, "tiny").state.worker  # it keeps each step's record for /stats
     for _ in range(2):  # the second time, the prompt's full block is found in the pool
-        engine.generate([[5, 9, 2, 7, 1, 3]], GREEDY)
-    last = records[-1]
+        engine.add([5, 9, 2, 7, 1, 3], GREEDY)
+        while engine.has_work():
+            _, last = engine.step()
+            worker.record(last)  # what the engine's thread does after each step
     stats = worker.stats()
     assert worker.last_stats is last
     assert (stats["running"], stats["waiting"], stats["free_blocks"]) == (last.n_running, last.n_waiting,
@@ -105,7 +104,7 @@ def test_stats_are_the_last_steps_record_not_the_live_counters(tiny_llama):  # n
     seq = engine.add([1, 2, 3, 4, 5], GREEDY)  # added, not stepped: no new record yet
     engine.scheduler.n_preemptions += 7
     assert worker.stats()["waiting"] == 0 and worker.stats()["preemptions"] == last.total_preemptions
-    engine.abort(seq)  # an abort makes a record
+    worker.record(engine.abort(seq))  # an abort returns a record too
     assert worker.stats()["aborted"] == 1 and worker.stats()["preemptions"] == last.total_preemptions + 7
 
 

@@ -147,8 +147,9 @@ def test_preemptions_and_two_registries(tiny_llama):  # noqa: F811
     model, tokenizer = tiny_llama
     engine = Engine(model, tokenizer, n_blocks=6, block_size=4, max_batch=4)  # too small for four at once
     metrics, other = ServerMetrics(MODEL), ServerMetrics(MODEL)  # a registry each: no clash of names
-    engine.on_stats = metrics.record
-    seqs = engine.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0))
+    seqs = [engine.add(ids, SamplingParams(max_tokens=6, temperature=0)) for ids in PROMPTS]
+    while engine.has_work():
+        metrics.record(engine.step()[1])  # each step's StepStats, as the server's EngineThread records it
     samples = {(s.name, frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))): s.value
                for f in text_string_to_metric_families(metrics.text().decode()) for s in f.samples}
     assert engine.n_preemptions > 0

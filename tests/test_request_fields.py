@@ -241,6 +241,9 @@ BAD = [
     ({"logit_bias": {"5": "x"}}, "logit_bias"), ({"logit_bias": [5, 1]}, "logit_bias"),
     ({"stop_token_ids": [10 ** 9]}, "stop_token_ids"), ({"stop_token_ids": "2"}, "stop_token_ids"),
     ({"stop_token_ids": [1.5]}, "stop_token_ids"), ({"best_of": 3}, "best_of"),
+    # SamplingParams' own rules: its SamplingParamsError is the 400, the field in `param`
+    ({"top_p": 0}, "top_p"), ({"seed": 2**64}, "seed"), ({"stop": [""]}, "stop"), ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"), ({"logit_bias": {"5": 1e300}}, "logit_bias"),
 ]
 
 

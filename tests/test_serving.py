@@ -4,6 +4,7 @@ The engine's greedy output must be token-identical to `hardway.generate` on each
 whatever else is in the batch, and also for sequences that were preempted and recomputed.
 """
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -17,10 +18,10 @@ from hardway.decode.sampling import SamplingConfig
 from hardway.engine.block_manager import BlockManager, PoolTooSmallError, slot_of
 from hardway.engine.engine import Engine
 from hardway.kernels.onednn import MergedAttention, MergedMLP, OneDNNLinear
-from hardway.engine.model_runner import ModelRunner
+from hardway.engine.model_runner import CompileState, ModelRunner
 from hardway.engine.output import OutputProcessor, apply_stop
 from hardway.engine.paged_cache import PagedKVCache
-from hardway.engine.sequence import SamplingParams, Sequence
+from hardway.engine.sequence import SamplingParams, SamplingParamsError, Sequence, StepStats
 from hardway.engine.scheduler import Scheduler
 from hardway.server.worker import EngineThread
 from hardway.text.detokenizer import Detokenizer
@@ -188,7 +189,7 @@ def test_a_sequence_whose_forward_raises_fails_alone(gpt2, monkeypatch, phase):
     good.append(engine.add(prompts[2], params))
     events = []
     while engine.has_work():
-        events += engine.step()
+        events += engine.step()[0]  # (outputs, stats)
     assert bad.finish_reason == "error" and "RuntimeError: injected failure" in bad.error
     assert [e.finished for e in events if e.request_id == bad.id][-1]
     assert sum(e.request_id == bad.id for e in events) <= 2
@@ -369,7 +370,7 @@ def test_streamed_text_equals_the_finished_text_with_a_multibyte_stop(gpt2):
     seq = engine.add(ids, SamplingParams(max_tokens=10, temperature=0, stop=[stop]))
     pieces = []
     while engine.has_work():
-        pieces += [e.text for e in engine.step() if e.request_id == seq.id]
+        pieces += [e.text for e in engine.step()[0] if e.request_id == seq.id]
     assert "".join(pieces) == seq.text == tok.decode(out)[:tok.decode(out).index(stop)]
 
 
@@ -557,3 +558,89 @@ def test_merged_projections_equal_the_separate_ones(tiny_llama):
             assert torch.equal(ref, got) if rows == 1 else (ref - got).abs().max() <= 1e-5 * ref.abs().max()
     twin_params = dict(twin.named_parameters())
     assert all(any(t is p for t in twin_params.values()) for p in model.parameters()), "the twin copied a parameter"
+
+
+BAD_PARAMS = [  # (field, a value its rule refuses)
+    ("max_tokens", 0), ("max_tokens", 2.5), ("max_tokens", True), ("temperature", -0.1),
+    ("temperature", float("nan")), ("temperature", "1"), ("top_p", 0.0), ("top_p", 1.5), ("top_p", float("nan")),
+    ("seed", 2**64), ("seed", -2**63 - 1), ("seed", 1.5), ("seed", True), ("stop", [""]), ("stop", [3]), ("stop", 5),
+    ("stop_token_ids", [-1]), ("stop_token_ids", [1.5]), ("stop_token_ids", "2"), ("logprobs", -1),
+    ("logprobs", True), ("prompt_logprobs", -1), ("prompt_logprobs", 1.5), ("min_p", -0.1), ("min_p", 1.1),
+    ("min_p", float("nan")), ("presence_penalty", float("inf")), ("presence_penalty", "x"),
+    ("frequency_penalty", float("nan")), ("logit_bias", {-1: 1.0}), ("logit_bias", {5: 101}),
+    ("logit_bias", {5: float("nan")}), ("logit_bias", {5: "x"}), ("logit_bias", {True: 1.0}), ("logit_bias", "no"),
+    ("logit_bias", [(5,)]), ("constraints", [3]),
+]
+
+
+@pytest.mark.parametrize("field, value", BAD_PARAMS, ids=[f"{f}={v!r}" for f, v in BAD_PARAMS])
+def test_sampling_params_refuse_each_bad_field_naming_it(field, value):
+    with pytest.raises(SamplingParamsError) as e:
+        SamplingParams(**{field: value})
+    assert isinstance(e.value, ValueError) and e.value.field == field and field in str(e.value), str(e.value)
+
+
+def test_logit_bias_is_frozen_and_checked_against_the_vocabulary(gpt2):
+    bias = {7: 2, 3: -1.5}
+    params = SamplingParams(logit_bias=bias, temperature=0)
+    bias[9] = 5.0  # the caller's dict changes; the request's pairs do not
+    assert params.logit_bias == ((3, -1.5), (7, 2.0)) and hash(params.logit_bias)
+    assert SamplingParams(logit_bias=[(7, 2), (3, -1.5)]).logit_bias == params.logit_bias  # pairs, as given
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    params.check_vocabulary(8)  # ids 3 and 7 exist in a vocabulary of 8
+    for name, bad in (("logit_bias", SamplingParams(logit_bias={50257: 1.0})),
+                      ("stop_token_ids", SamplingParams(stop_token_ids=[50256, 50257]))):
+        with pytest.raises(SamplingParamsError, match="50257, outside this model's vocabulary") as e:
+            bad.check_vocabulary(50257)
+        assert e.value.field == name
+        model, tok = gpt2
+        engine = Engine(model, tok, n_blocks=16, block_size=4)
+        with pytest.raises(SamplingParamsError) as e:  # add checks it, for every request
+            engine.add([464], bad)
+        assert e.value.field == name and not engine.has_work()
+
+
+def test_step_returns_its_outputs_and_its_stats_and_abort_its_stats(gpt2):
+    model, tok = gpt2
+    engine = Engine(model, tok, n_blocks=32, block_size=4)
+    assert not hasattr(engine, "on_stats")  # no hook: the records come back from the calls
+    ids = tok.encode(PROMPTS[0])
+    seq = engine.add(ids, SamplingParams(max_tokens=3, temperature=0, stop_token_ids=[]))
+    outputs, stats = engine.step()
+    assert [o.request_id for o in outputs] == [seq.id] and len(outputs[0].token_ids) == 1
+    assert isinstance(stats, StepStats) and stats.n_tokens == len(ids) and stats.n_running == 1
+    assert stats.finished == () and stats.free_blocks == engine.blocks.n_free
+    while engine.has_work():
+        outputs, stats = engine.step()
+    assert outputs[-1].finished and stats.n_tokens == 1 and stats.n_running == 0
+    assert [(r.request_id, r.finish_reason, r.n_generated_tokens) for r in stats.finished] == [(seq.id, "length", 3)]
+    outputs, stats = engine.step()  # nothing to do
+    assert outputs == [] and stats.n_tokens == 0 and stats.finished == ()
+    other = engine.add(ids, SamplingParams(max_tokens=3))
+    stats = engine.abort(other)
+    assert [(r.request_id, r.finish_reason) for r in stats.finished] == [(other.id, "abort")]
+    assert stats.total_aborted == 1 and stats.free_blocks == 32 and engine.abort(other) is None  # gone already
+    a, b = (engine.add(ids, SamplingParams(max_tokens=3)) for _ in range(2))
+    engine.step()
+    stats = engine.abort_all()
+    assert sorted(r.request_id for r in stats.finished) == [a.id, b.id] and stats.free_blocks == 32
+
+
+def test_a_failed_background_compile_publishes_one_record(gpt2):
+    model, tok = gpt2
+    engine = Engine(model, tok, n_blocks=8, block_size=4, compile_sizes=(1, 4), background_compile=True)
+    decode = engine.runner.decode
+    assert decode.state == CompileState(frozenset(), (1, 4), None)
+
+    def fail(cache=None):
+        decode.state = CompileState(frozenset({1}), (4,))  # size 1 compiled, as compile_now publishes it
+        raise RuntimeError("no compiler")
+
+    decode.compile_now = fail
+    decode.compile_in_background().join()
+    assert decode.state == CompileState(frozenset({1}), (), "RuntimeError: no compiler")
+    assert decode.ready == {1} and decode.error == "RuntimeError: no compiler" and decode.padded_size(1) == 1
+    assert EngineThread.compile_stats(SimpleNamespace(engine=engine)) == {
+        "compiled_batch_sizes": [1], "compiling_batch_sizes": [], "compile_error": "RuntimeError: no compiler"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decode.state.error = None

@@ -29,6 +29,7 @@ from test_server import GPT2, SMOLLM2, free_port
 
 from hardway import cli
 from hardway.engine import logprobs as serving
+from hardway.engine import model_runner
 from hardway.text.chat import ChatTemplate
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
@@ -144,7 +145,8 @@ def test_logprobs_from_bf16_fail_the_logprobs_check(smollm, monkeypatch):
     def from_bf16(logits, tokens, k):  # a server that takes the log-softmax of bf16 logits
         return exact(logits.to(torch.bfloat16), tokens, k)
 
-    monkeypatch.setattr(serving, "token_logprobs", from_bf16)  # every token's, the prompt's (echo) too: the engine's
+    monkeypatch.setattr(serving, "token_logprobs", from_bf16)  # every new token's
+    monkeypatch.setattr(model_runner, "token_logprobs", from_bf16)  # the prompt's (echo), which the runner computes
     checks = ritual(create_app(engine(smollm), SMOLLM2, smollm["chat"]), smollm["reference"])
     logprobs = checks["token logprobs"]
     assert not logprobs.passed and "≤ 0.0001 (float32)" in logprobs.target, logprobs

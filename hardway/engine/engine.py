@@ -13,7 +13,7 @@ import torch
 from hardway.engine.block_manager import (BlockManager, PoolTooSmallError, PrefixCachingBlockManager,
                                           SlidingBlockManager, sliding_block_manager)
 from hardway.engine.config import EngineConfig
-from hardway.engine.logprobs import TokenLogprobs, picked_logprobs, prompt_logprobs
+from hardway.engine.logprobs import TokenLogprobs, picked_logprobs
 from hardway.engine.model_runner import ModelRunner
 from hardway.engine.output import OutputProcessor
 from hardway.engine.scheduler import Scheduler
@@ -21,22 +21,18 @@ from hardway.engine.sequence import RequestOutput, RequestStats, SamplingParams,
 from hardway.loading import CausalLM
 
 
-def raised_or_returned(result):
-    """One sequence's result of a step (see Engine._compute), or, if its row raised, that exception raised here,
-    where `postprocess` fails that sequence alone."""
-    if isinstance(result, Exception):
-        raise result
-    return result
+Picked = tuple[int, TokenLogprobs | None, list[TokenLogprobs | None] | None]  # what a step computed for one
+# sequence: its next token, that token's log-probabilities and, in the step of its first token, its prompt's
 
 
 class Engine:
-    """The scheduler, the model runner and the output processor behind one small interface: `add` a request,
-    `step` (one forward pass for everything scheduled, and a RequestOutput for each request with something new),
-    `abort`. A sequence whose computation raises fails alone. `compile_sizes`: the batch sizes whose decode steps
-    run compiled (CompiledDecode), compiled here, before any request: (1,) makes one request alone as fast as
-    lesson 12's compiled step; () compiles nothing. background_compile=True compiles nothing here: the caller starts
-    `runner.decode.compile_in_background()`, and the engine steps eagerly until each size is ready (`hardway serve`
-    does, and answers from its first second).
+    """The scheduler, the model runner and the output processor behind one small interface: `add` a request, `step`
+    (one forward pass for everything scheduled -> a RequestOutput for each request with something new, and a
+    StepStats), `abort`. A sequence whose computation raises fails alone. `compile_sizes`: the batch sizes whose
+    decode steps run compiled (CompiledDecode), compiled here, before any request: (1,) makes one request alone as
+    fast as lesson 12's compiled step; () compiles nothing. background_compile=True compiles nothing here: the
+    caller starts `runner.decode.compile_in_background()`, and the engine steps eagerly until each size is ready
+    (`hardway serve` does, and answers from its first second).
 
     A model whose `sliding_windows` names layers that attend to a sliding window (lesson 15) gets a second pool for
     those layers, whose blocks go back to it as the window moves past them: `n_sliding_blocks` blocks (None: room
@@ -108,29 +104,28 @@ class Engine:
         """The most positions one sequence can ever hold here: the model's context, or the whole pool if smaller."""
         return min(self.model.max_seq_len, self.blocks.n_blocks * self.blocks.block_size)
 
-    def add(self, prompt_ids: list[int], params: SamplingParams, checked: bool = False,
-            share_prompt_with: int | None = None) -> Sequence:
-        """Queue a request -> its Sequence, whose id is the request_id of its RequestOutputs. A server checks each
-        request where it reads it, and says so (checked=True): nothing is checked twice. Called directly, the
-        engine refuses here what it could never compute: an empty prompt or a token id outside the vocabulary
-        (ValueError: a bad id would otherwise fail a forward pass other sequences share), and a prompt +
-        max_tokens longer than one sequence can hold (PoolTooSmallError). `share_prompt_with`: the id of a
-        sequence with the same prompt (another of a request's n choices); an engine with a prefix cache (lesson
-        15) lets this one wait until that one's prompt is computed, so that it finds the prompt's blocks cached.
-        This engine shares nothing, and queues it at once."""
-        if not checked:
-            if not prompt_ids:
-                raise ValueError("the prompt has no tokens")
-            bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int)
-                        or not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise ValueError(f"token id {bad!r} is not in this model's vocabulary: ids run from 0 to "
-                                 f"{self.vocab_size - 1}")
-            need = len(prompt_ids) + params.max_tokens
-            if need > self.capacity():
-                raise PoolTooSmallError(f"the prompt's {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = "
-                                        f"{need} positions, more than this engine can hold for one sequence "
-                                        f"({self.capacity()})")
+    def add(self, prompt_ids: list[int], params: SamplingParams, share_prompt_with: int | None = None) -> Sequence:
+        """Queue a request -> its Sequence, whose id is the request_id of its RequestOutputs. `params` are valid
+        (a SamplingParams cannot be made otherwise); what only this engine can check is checked here, for every
+        request: an empty prompt or a token id outside the vocabulary (ValueError: a bad id would otherwise fail a
+        forward pass other sequences share), a token id outside the vocabulary in params (SamplingParamsError, from
+        params.check_vocabulary), and a prompt + max_tokens longer than one sequence can hold (PoolTooSmallError).
+        `share_prompt_with`: the id of a sequence with the same prompt (another of a request's n choices); an
+        engine with a prefix cache (lesson 15) lets this one wait until that one's prompt is computed, so that it
+        finds the prompt's blocks cached. This engine shares nothing, and queues it at once."""
+        if not prompt_ids:
+            raise ValueError("the prompt has no tokens")
+        bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int)
+                    or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad!r} is not in this model's vocabulary: ids run from 0 to "
+                             f"{self.vocab_size - 1}")
+        params.check_vocabulary(self.vocab_size)
+        need = len(prompt_ids) + params.max_tokens
+        if need > self.capacity():
+            raise PoolTooSmallError(f"the prompt's {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = "
+                                    f"{need} positions, more than this engine can hold for one sequence "
+                                    f"({self.capacity()})")
         seq = Sequence(list(prompt_ids), params)
         if params.temperature > 0 and params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -142,60 +137,64 @@ class Engine:
         """Hand a new sequence to the scheduler (lesson 15's engine may hold it back first)."""
         self.scheduler.add(seq)
 
-    def abort(self, request: Sequence | int) -> None:
+    def abort(self, request: Sequence | int) -> StepStats | None:
         """Drop a request wherever it is (its client went away): its blocks go back to the pool at once. `request`:
-        its Sequence, or its id (a RequestOutput's request_id). A request that has finished is left as it is."""
+        its Sequence, or its id (a RequestOutput's request_id). -> the engine's StepStats just after, the aborted
+        request's RequestStats in it (for a server's metrics, as a step's); None for a request that has finished,
+        which is left as it is."""
         seq = self.seqs.pop(request if isinstance(request, int) else request.id, None)
         if seq is None:
-            return
+            return None
         if self.scheduler.abort(seq):
             self.n_aborted += 1
         seq.finish_reason = "abort"
-        if self.on_stats is not None:
-            self.on_stats(self.stats(finished=[seq]))
+        return self.stats(finished=[seq])
 
-    def abort_all(self) -> None:
-        """Drop every request not finished yet: every block back to the pool."""
-        for request_id in list(self.seqs):
-            self.abort(request_id)
+    def abort_all(self) -> StepStats:
+        """Drop every request not finished yet: every block back to the pool. -> one StepStats with them all."""
+        dropped = list(self.seqs.values())
+        for seq in dropped:
+            self.abort(seq)
+        return self.stats(finished=dropped)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    on_stats = None  # a function given the StepStats of every step and every abort (a server's metrics, section 10)
-
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
         """One iteration: the scheduler picks the work, the runner computes it in one forward pass and picks every
-        finished prefill's or decode's next token, `postprocess` applies each result to its sequence. -> a
-        RequestOutput for each request with something new: plain values, for any thread to read. If the pass
-        raises, each sequence is computed alone, and only those that still fail finish with finish_reason "error"
-        (their blocks freed); the others carry on as if they had never been there. A sequence whose own chain of
-        processors raised while its token was picked (ModelRunner.sample) fails the same way, without the rerun."""
+        finished prefill's or decode's next token, `postprocess` applies each result to its sequence. -> (a
+        RequestOutput for each request with something new, the StepStats of the engine after the step): plain
+        values, for any thread to read; nano-vllm's step returns (outputs, number of tokens) the same way. If the
+        pass raises, each sequence is computed alone, and only those that still fail finish with finish_reason
+        "error" (their blocks freed); the others carry on as if they had never been there. A sequence whose own
+        chain of processors raised while its token was picked (ModelRunner.sample) fails the same way, without
+        the rerun."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
-            return []
+            return [], self.stats()
         first = [s for s in batch.admitted if s.scheduled_time is None]  # out of the queue for the first time
         hits = sum(s.n_cached for s in first)  # their prompt positions found in the pool (lesson 15)
         for seq in first:
             seq.scheduled_time = time.monotonic()
         try:
-            picked = self._compute(batch.seqs, batch.n_new)
-            results = [lambda r=r: raised_or_returned(r) for r in picked]
+            results = self._compute(batch.seqs, batch.n_new)
         except Exception:  # noqa: BLE001 - whose fault? Compute each sequence alone, and fail only those that fail
-            results = [lambda s=s, n=n: raised_or_returned(self._compute([s], [n])[0])
-                       for s, n in zip(batch.seqs, batch.n_new)]
+            results = []
+            for seq, n in zip(batch.seqs, batch.n_new):
+                try:
+                    results.append(self._compute([seq], [n])[0])
+                except Exception as e:  # noqa: BLE001 - this sequence's own failure: postprocess fails it
+                    results.append(e)
         outputs = []
         for seq, n, result in zip(batch.seqs, batch.n_new, results):
             out = self.postprocess(seq, n, result)
             if out is not None:
                 outputs.append(out)
-        if self.on_stats is not None:
-            caching = self.blocks.caches_prefixes  # vLLM counts prefix queries only where prefixes are cached
-            self.on_stats(self.stats(n_tokens=sum(batch.n_new), n_preempted=len(batch.preempted),
-                                     prefix_queries=sum(len(s.prompt_ids) for s in first) if caching else 0,
-                                     prefix_hits=hits if caching else 0,
-                                     finished=[s for s in batch.seqs if s.finish_reason is not None]))
-        return outputs
+        caching = self.blocks.caches_prefixes  # vLLM counts prefix queries only where prefixes are cached
+        return outputs, self.stats(n_tokens=sum(batch.n_new), n_preempted=len(batch.preempted),
+                                   prefix_queries=sum(len(s.prompt_ids) for s in first) if caching else 0,
+                                   prefix_hits=hits if caching else 0,
+                                   finished=[s for s in batch.seqs if s.finish_reason is not None])
 
     def stats(self, finished=(), **done) -> StepStats:
         """The engine now, with what a step `done` (StepStats' counts) and the sequences that just ended."""
@@ -207,36 +206,38 @@ class Engine:
                          total_admitted_tokens=scheduler.n_admitted_tokens,
                          total_shared_tokens=scheduler.n_shared_tokens, **done)
 
-    def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[tuple[int, TokenLogprobs | None] | None]:
-        """One forward pass -> each sequence's next token and its TokenLogprobs (None if not asked), or None for a
-        prompt chunk that is not its last, or the exception its row raised when its token was picked. Changes no
-        sequence: `postprocess` does."""
+    def _compute(self, seqs: list[Sequence], n_new: list[int]) -> list[Picked | Exception | None]:
+        """One forward pass -> for each sequence that reached its end, its next token, that token's TokenLogprobs
+        and, in the step of its first token, its prompt's (each None if not asked); None for a prompt chunk that is
+        not its last; or the exception its row raised when its token was picked or its prompt's log-probabilities
+        were computed. Changes no sequence: `postprocess` does."""
         with self.runner.stepping():  # a compile in the background gives way meanwhile
             logits = self.runner.forward(seqs, n_new)  # (B, V)
             done = [i for i, (s, n) in enumerate(zip(seqs, n_new)) if n == s.n_uncomputed]  # every token computed
             tokens = self.runner.sample([seqs[i] for i in done], logits[done])  # a token, or an exception, per row
             ids = [t if isinstance(t, int) else 0 for t in tokens]  # a failed row's entry is computed, then dropped
             entries = picked_logprobs([seqs[i] for i in done], logits[done], ids)  # only those that asked (lesson 19)
-        out: list[tuple[int, TokenLogprobs | None] | Exception | None] = [None] * len(seqs)
-        for i, token, entry in zip(done, tokens, entries):
-            out[i] = token if isinstance(token, Exception) else (token, entry)
+            prompts = [self.runner.prompt_logprobs(seqs[i]) for i in done]  # only those that asked (echo)
+        out: list[Picked | Exception | None] = [None] * len(seqs)
+        for i, token, entry, prompt in zip(done, tokens, entries, prompts):
+            failed = next((r for r in (token, prompt) if isinstance(r, Exception)), None)
+            out[i] = failed if failed is not None else (token, entry, prompt)
         return out
 
-    def postprocess(self, seq: Sequence, n_new: int, result) -> RequestOutput | None:
-        """The one place where a step's results change a sequence, as nano-vllm's Scheduler.postprocess: result()
-        is its (token, TokenLogprobs) or None; its n_new positions are now in the pool, and the output processor
-        takes the token. A request that asked for its prompt's log-probabilities gets them computed here, in the
-        step that picks its first token. If anything raises, this sequence alone fails. -> its RequestOutput, or
-        None when it has nothing new; a finished sequence leaves the scheduler (its blocks freed)."""
+    def postprocess(self, seq: Sequence, n_new: int, result: Picked | Exception | None) -> RequestOutput | None:
+        """The one place where a step's results change a sequence, as nano-vllm's Scheduler.postprocess: `result`
+        is its (token, TokenLogprobs, prompt's TokenLogprobs) or None (see _compute); its n_new positions are now in
+        the pool, and the output processor takes the token. If `result` is an exception, or anything here raises,
+        this sequence alone fails. -> its RequestOutput, or None when it has nothing new; a finished sequence
+        leaves the scheduler (its blocks freed)."""
         try:
-            picked = result()
+            if isinstance(result, Exception):  # raised while it was computed: raised here, to fail it below
+                raise result
             seq.n_cached += n_new
-            if picked is None:  # a chunk of the prompt, not its last: nothing picked yet
+            if result is None:  # a chunk of the prompt, not its last: nothing picked yet
                 return None
-            token, entry = picked
+            token, entry, prompt = result
             seq.token_times.append(time.monotonic())
-            k = seq.params.prompt_logprobs
-            prompt = prompt_logprobs(self.model, seq.prompt_ids, k) if k is not None and not seq.output_ids else None
             out = self.output.accept(seq, token, entry, prompt)
         except Exception as e:  # noqa: BLE001 - any failure of one request's computation is that request's
             seq.finish_reason, seq.error = "error", f"{type(e).__name__}: {e}"
@@ -289,11 +290,12 @@ class PrefixCachingEngine(Engine):
             self.release_held(seq)  # the next step's schedule() keys its blocks before it admits anyone
         return out
 
-    def abort(self, request: Sequence | int) -> None:
+    def abort(self, request: Sequence | int) -> StepStats | None:
         seq = self.seqs.get(request if isinstance(request, int) else request.id)
-        super().abort(request)
+        stats = super().abort(request)
         if seq is not None:
             self.release_held(seq)
+        return stats
 
     def has_work(self) -> bool:
         return super().has_work() or bool(self.held)

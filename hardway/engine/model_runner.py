@@ -10,11 +10,13 @@ import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 
 from hardway.decode.sampling import sample_next_token
 from hardway.engine.config import EngineConfig
+from hardway.engine.logprobs import TokenLogprobs, token_logprobs
 from hardway.engine.paged_cache import PagedKVCache
 from hardway.engine.paged_int8 import Int8PagedKVCache
 from hardway.engine.sequence import Sequence
@@ -100,6 +102,17 @@ def full_collections_held():
         gc.set_threshold(young, middle, full)
 
 
+@dataclass(frozen=True)
+class CompileState:
+    """Where the compile of the decode steps stands, as plain values. Whoever compiles (the compile thread, in the
+    background) makes a new record at each change and assigns it to `CompiledDecode.state` in one step; a reader in
+    any thread (the engine's, GET /stats') reads that one reference, and sees a consistent picture: never a size
+    both ready and compiling, never an error beside a list that has not caught up with it."""
+    ready: frozenset[int] = frozenset()  # the sizes compiled so far: a step runs at no other
+    compiling: tuple[int, ...] = ()      # the sizes still to compile (none once a compile failed: they stay eager)
+    error: str | None = None             # what a compile raised ("TypeName: message"), if it did
+
+
 class CompiledDecode:
     """Steps in which every row decodes one token, compiled, as vLLM and nano-vllm capture a CUDA graph per batch
     size: one graph per size in `batch_sizes`, a smaller batch padded up to the next size with rows that write and
@@ -111,7 +124,7 @@ class CompiledDecode:
     `hardway.load` laid out for them (the twin's one-row path uses the model's own weights: no copy); for several,
     inductor fusing everything between the oneDNN products, which it calls as they are. Compiling takes seconds to a
     minute per size: `compile_now` does it before any request, `compile_in_background` while the engine serves. A
-    size is used once it is in `ready`."""
+    size is used once it is in `ready`, read from `state`, the CompileState that the compile replaces as it goes."""
 
     def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None):
         self.cache, self.batch_sizes, self.model = cache, sorted(batch_sizes), model
@@ -121,14 +134,24 @@ class CompiledDecode:
         guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         self.graphs = {b: compiled_step(paged_decode_step, cache.device, b, backend, cuda_graphs=False, options=guards)
                        for b in self.batch_sizes}
-        self.ready: set[int] = set()  # the sizes compiled so far: a step runs at no other
-        self.error: Exception | None = None  # what a compile in the background raised, if it did
+        self.state = CompileState(compiling=tuple(self.batch_sizes))  # replaced whole at each change, never changed
         self.thread: threading.Thread | None = None  # compile_in_background's thread
         self.gate = CompileGate()  # where that thread gives way to the engine's steps
 
+    @property
+    def ready(self) -> frozenset[int]:
+        """The sizes compiled so far (state.ready)."""
+        return self.state.ready
+
+    @property
+    def error(self) -> str | None:
+        """What a compile raised, if it did (state.error)."""
+        return self.state.error
+
     def padded_size(self, n_rows: int) -> int | None:
         """The batch size a decode of n_rows runs at: the smallest compiled size that holds it (None: none does)."""
-        return next((b for b in self.batch_sizes if b >= n_rows and b in self.ready), None)
+        ready = self.state.ready  # one read: the compile thread may publish a new state meanwhile
+        return next((b for b in self.batch_sizes if b >= n_rows and b in ready), None)
 
     def __call__(self, input_ids: torch.Tensor, slot_rows: list[torch.Tensor], size: int | None = None,
                  sliding_rows: list[torch.Tensor] | None = None, cache: PagedKVCache | None = None) -> torch.Tensor:
@@ -158,13 +181,14 @@ class CompiledDecode:
         with torch.inference_mode():
             for size in self.batch_sizes:
                 self(torch.zeros(0, 1, dtype=torch.long), [], size, cache=cache)
-                self.ready.add(size)
+                ready = self.state.ready | {size}
+                self.state = CompileState(ready, tuple(b for b in self.batch_sizes if b not in ready))  # published
 
     def compile_in_background(self, initializer=None) -> threading.Thread:
         """Compile every size in a thread of its own while the engine steps eagerly, on a twin of the pool (the
         engine's thread binds the pool itself before every pass); each size is used from the first step after it is
-        ready. `initializer()` runs first in that thread. A failure is kept in `error`, and the engine stays eager;
-        `cancel` stops it.
+        ready. `initializer()` runs first in that thread. A failure is published in `state.error`, and the sizes not
+        ready stay eager; `cancel` stops it.
 
         The compile and the engine share one process, so they share its GIL, its cores and its garbage collector:
         - **The GIL and the cores.** The compile is Python, holding the GIL, and the engine's thread needs it back
@@ -189,8 +213,8 @@ class CompiledDecode:
                 try:
                     with full_collections_held():
                         self.compile_now(self.cache.scratch_twin())
-                except Exception as e:  # noqa: BLE001 - kept for the server to report; the engine stays eager
-                    self.error = e
+                except Exception as e:  # noqa: BLE001 - published for the server to report; the engine stays eager
+                    self.state = CompileState(self.state.ready, (), f"{type(e).__name__}: {e}")
                 finally:
                     sys.settrace(None)
             except CompileCancelled:
@@ -225,6 +249,9 @@ class CompiledDecode:
         finally:
             sys.unraisablehook = report
         return self.thread is None or not self.thread.is_alive()
+
+
+PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the logits held at once are (256, V)
 
 
 class ModelRunner:
@@ -348,3 +375,29 @@ class ModelRunner:
         for i, e in failed.items():
             picked[i] = e
         return picked
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, seq: Sequence) -> list[TokenLogprobs | None] | Exception | None:
+        """Each prompt token's log-probability given the tokens before it, with the k most likely there (k =
+        params.prompt_logprobs): what `echo` with `logprobs` returns, None for the first token, which nothing
+        predicts. None when seq did not ask, or has its first token already (it got them then); the exception, if
+        computing them raised (that sequence alone fails). The engine asks in the step that picks seq's first token.
+
+        One teacher-forced pass over the prompt, PROMPT_CHUNK positions at a time, through the runner's own model
+        (the twin the steps run) and lesson 08's contiguous KV cache, made for this pass and dropped after it. Not
+        through the pool: the prompt's keys are there already, and computing them again would write them again, a
+        rounding apart in a pass of another shape, under this sequence (and, with a prefix cache, others)."""
+        k = seq.params.prompt_logprobs
+        if k is None or seq.output_ids:
+            return None
+        try:
+            ids, out = seq.prompt_ids, [None]
+            cache = self.model.new_kv_cache(1, len(ids))
+            for lo in range(0, len(ids) - 1, PROMPT_CHUNK):  # the last prompt position predicts the first new token
+                chunk = ids[lo:min(lo + PROMPT_CHUNK, len(ids) - 1)]
+                input_ids = torch.tensor([chunk], device=self.device)  # (1, T)
+                logits = self.model(input_ids, kv_cache=cache, start_pos=lo)[0]  # (T, V)
+                out += token_logprobs(logits, ids[lo + 1:lo + 1 + len(chunk)], k)  # position i predicts token i + 1
+            return out
+        except Exception as e:  # noqa: BLE001 - this sequence's own failure
+            return e

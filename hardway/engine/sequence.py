@@ -11,17 +11,58 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hardway.decode.sampling import LogitsProcessorList, SamplingConfig
+from hardway.decode.sampling import LOGIT_BIAS_LIMIT, LogitsProcessorList, SamplingConfig
 from hardway.engine.logprobs import TokenLogprobs
 from hardway.text.detokenizer import Detokenizer
+
+
+class SamplingParamsError(ValueError):
+    """A SamplingParams field that breaks its rule (or names a token id outside the model's vocabulary): the one
+    error a request's settings raise, with the field's name in `field` and in the message, so that a server can
+    answer a 400 naming it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def bias_pairs(logit_bias) -> tuple[tuple[int, float], ...] | None:
+    """`logit_bias` as given ({token id: bias}, or (id, bias) pairs) -> sorted (id, bias) pairs, or None for none:
+    a tuple, which nobody can change after the check."""
+    if logit_bias is None:
+        return None
+    if isinstance(logit_bias, dict):
+        logit_bias = logit_bias.items()
+    elif isinstance(logit_bias, (str, bytes)) or not hasattr(logit_bias, "__iter__"):
+        raise SamplingParamsError("logit_bias", f"SamplingParams: logit_bias must be {{token id: bias}}, got "
+                                                f"{logit_bias!r}")
+    pairs = []
+    for pair in logit_bias:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise SamplingParamsError("logit_bias", f"SamplingParams: logit_bias must be {{token id: bias}}, got "
+                                                    f"the entry {pair!r}")
+        token, bias = pair
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise SamplingParamsError("logit_bias", f"SamplingParams: logit_bias's keys must be token ids (whole "
+                                                    f"numbers from 0), got {token!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not abs(bias) <= LOGIT_BIAS_LIMIT:
+            raise SamplingParamsError("logit_bias", f"SamplingParams: logit_bias of token {token} must be a number "
+                                                    f"in [-100, 100], got {bias!r}")  # `not <=` refuses nan too
+        pairs.append((token, float(bias)))
+    return tuple(sorted(dict(pairs).items())) or None
+
+
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """What a request asks for, in the OpenAI API's terms, checked once when it is made and never changed afterwards:
-    a different request is a new record (`dataclasses.replace(params, seed=1)`). A server checks each field where it
-    reads the request, with the field's name in its 400; the checks here are what the engine relies on, for whoever
-    makes a record directly. How the next token is picked is lesson 07's SamplingConfig, which `sampling` builds."""
+    a different request is a new record (`dataclasses.replace(params, seed=1)`, checked again). Every field is checked
+    here, and a bad one raises SamplingParamsError naming it: a record that exists is valid, so neither the engine
+    nor a server checks these rules again. The one thing a record cannot know is the model's vocabulary:
+    `check_vocabulary` checks the token ids it names against it (Engine.add calls it). How the next token is picked
+    is lesson 07's SamplingConfig, which `sampling` builds."""
     max_tokens: int = 16
     temperature: float = 1.0       # 0 = greedy
     top_p: float = 1.0
@@ -33,36 +74,64 @@ class SamplingParams:
     min_p: float = 0.0             # lesson 07's processors, as OpenAI (and vLLM) name them: 0 = off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = None     # {token id: bias in [-100, 100]}
+    logit_bias: tuple[tuple[int, float], ...] | None = None  # sorted (token id, bias in [-100, 100]) pairs; given as
+                                   # a dict {token id: bias} or as pairs
     constraints: tuple = ()        # per-sequence processors that keep state (a grammar's): each prompt_length -> one
 
     def __post_init__(self):
         def refuse(name: str, rule: str):
-            raise ValueError(f"SamplingParams: {name} must be {rule}, got {getattr(self, name)!r}")
+            raise SamplingParamsError(name, f"SamplingParams: {name} must be {rule}, got {getattr(self, name)!r}")
 
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        def number(name: str) -> bool:
+            value = getattr(self, name)
+            return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+        def count(name: str) -> bool:
+            value = getattr(self, name)
+            return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+        if not count("max_tokens") or self.max_tokens < 1:
             refuse("max_tokens", "a whole number of at least 1")
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+        if not number("temperature") or self.temperature < 0:
             refuse("temperature", "0 (greedy) or more")
-        if not 0 < self.top_p <= 1:  # also refuses nan
+        if not number("top_p") or not 0 < self.top_p <= 1:
             refuse("top_p", "in (0, 1]")
-        if not 0 <= self.min_p <= 1:
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
+            refuse("seed", f"in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (a whole number), or None")
+        if not number("min_p") or not 0 <= self.min_p <= 1:
             refuse("min_p", "in [0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):
+            if not number(name):
                 refuse(name, "a finite number")
         for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(self, name)
-            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            if getattr(self, name) is not None and not count(name):
                 refuse(name, "None or a count of at least 0")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if not all(isinstance(s, str) and s for s in stop):
-            refuse("stop", "non-empty strings")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not (isinstance(stop, (tuple, list)) and all(isinstance(s, str) and s for s in stop)):
+            refuse("stop", "a non-empty string or a list of them")
+        ids = self.stop_token_ids
+        if ids is not None and not (isinstance(ids, (tuple, list)) and all(
+                not isinstance(t, bool) and isinstance(t, int) and t >= 0 for t in ids)):
+            refuse("stop_token_ids", "None or a list of token ids (whole numbers from 0)")
+        if not isinstance(self.constraints, (tuple, list)) or not all(callable(c) for c in self.constraints):
+            refuse("constraints", "a list of functions prompt_length -> processor")
         # Frozen: a field is set with object.__setattr__, here, and nowhere else; tuples, so no one can append
-        object.__setattr__(self, "stop", stop)
-        if self.stop_token_ids is not None:
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(stop))
+        if ids is not None:
+            object.__setattr__(self, "stop_token_ids", tuple(ids))
+        object.__setattr__(self, "logit_bias", bias_pairs(self.logit_bias))
         object.__setattr__(self, "constraints", tuple(self.constraints))
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse (SamplingParamsError) a token id in logit_bias or stop_token_ids that a model of vocab_size tokens
+        does not have: the one check a record cannot make alone. Engine.add makes it, with its model's size."""
+        for name, ids in (("logit_bias", [t for t, _ in self.logit_bias or ()]), ("stop_token_ids",
+                                                                                  self.stop_token_ids or ())):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise SamplingParamsError(name, f"SamplingParams: {name} holds the token id {bad}, outside this "
+                                                f"model's vocabulary (0 to {vocab_size - 1})")
 
     @property
     def sampling(self) -> SamplingConfig:

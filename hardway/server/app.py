@@ -11,7 +11,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hardway.decode.constrained import GrammarBudget
 from hardway.engine.engine import Engine
 from hardway.engine.logprobs import TokenLogprobs
-from hardway.engine.sequence import RequestOutput, SamplingParams, StepStats
+from hardway.engine.sequence import RequestOutput, SamplingParams, SamplingParamsError
 from hardway.server.protocol import (
     APIError,
     BODY_TIMEOUT_S,
@@ -32,6 +32,7 @@ from hardway.server.protocol import (
     error_body,
     error_response,
     prompt_ids,
+    refused,
     sampling_params,
 )
 from hardway.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -75,275 +76,323 @@ async def read_json(request: Request, worker: EngineThread, timeout_s: float = B
     return value
 
 
+@dataclass(frozen=True)
+class ServerState:
+    """What every route of one server shares, kept at `app.state.server` (create_app puts it there): each handler
+    is a function of its own that takes the request and finds the server through `request.app.state`, as vLLM's
+    and llama.cpp's servers lay out their routes."""
+    engine: Engine
+    model_name: str                # the name GET /v1/models lists, and each request must give
+    chat: ChatTemplate | None      # the checkpoint's chat template (None: /v1/chat/completions refuses)
+    worker: EngineThread           # the engine's thread: the only code that touches the engine
+    metrics: ServerMetrics         # GET /metrics (section 10)
+    grammars: ThreadPoolExecutor   # where answers' grammars compile, one at a time (lesson 25)
+    body_timeout_s: float = BODY_TIMEOUT_S
+    grammar_budget: GrammarBudget | None = None  # what one request's grammar may cost (None: its defaults)
+
+
+def server_of(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    server = app.state.server
+    prepare_grammars(server.engine.tokenizer)  # the vocabulary's trie, and gc.freeze(), before the engine starts
+    server.worker.start()
+    yield
+    server.worker.stop()  # `serve` stopped it already; run some other way, the app stops it here (HTTP is closed)
+    server.grammars.shutdown(wait=False, cancel_futures=True)
+    gc.unfreeze()  # what the server froze may be collected again, in a process that goes on without it
+
+
+async def api_error(request: Request, e: APIError) -> JSONResponse:
+    return error_response(e.status, e.message, e.param, e.code)
+
+
+async def sampling_params_error(request: Request, e: SamplingParamsError) -> JSONResponse:
+    """A SamplingParams a handler made that breaks a rule (protocol.sampling_params answers most such 400s itself,
+    with the request's own field names): a 400 naming the field."""
+    return await api_error(request, refused(e))
+
+
+async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+    return error_response(e.status_code, f"{request.method} {request.url.path}: {e.detail}")
+
+
+def check_model(server: ServerState, body: dict) -> None:
+    if not isinstance(body.get("model"), str):
+        raise APIError(400, "'model' is required: the name GET /v1/models lists", "model")
+    if body["model"] != server.model_name:
+        raise APIError(404, f"the model '{body['model']}' does not exist here; this server has "
+                            f"'{server.model_name}'", "model", "model_not_found")
+
+
+async def list_models(request: Request) -> dict:
+    """GET /v1/models: the one model this server has."""
+    return {"object": "list", "data": [{"id": server_of(request).model_name, "object": "model", "created": 0,
+                                        "owned_by": "hardway"}]}
+
+
+async def engine_stats(request: Request) -> dict:
+    """GET /stats: the engine's last StepStats, as EngineThread.stats reads it."""
+    return server_of(request).worker.stats()
+
+
+async def health(request: Request) -> JSONResponse:
+    """GET /health: 200 while the engine's thread serves, 503 otherwise."""
+    state = server_of(request).worker.health()
+    return JSONResponse(state, status_code=200 if state["status"] == "ok" else 503)
+
+
+async def prometheus_metrics(request: Request) -> Response:
+    """GET /metrics: Prometheus's text format, under vLLM's names (section 10)."""
+    return Response(server_of(request).metrics.text(), media_type=CONTENT_TYPE)
+
+
+async def completions(request: Request):
+    """POST /v1/completions."""
+    server = server_of(request)
+    body = await read_json(request, server.worker, server.body_timeout_s)
+    check_model(server, body)
+    ids = prompt_ids(body.get("prompt"), server.engine)
+    structured = structured_asked(body, chat=False)
+    params = sampling_params(body, len(ids), server.engine, None, default_max_tokens=16)  # OpenAI's default: 16
+    echo = echo_asked(body, chat=False)
+    if echo:  # the prompt's log-probabilities too: the engine computes them, as it computes the answer's
+        params = replace(params, prompt_logprobs=params.logprobs)
+    params = await constrain_off_loop(server, structured, params)
+    return await respond(server, request, body, ids, params, chat=False, echo=echo)
+
+
+async def chat_completions(request: Request):
+    """POST /v1/chat/completions."""
+    server = server_of(request)
+    body = await read_json(request, server.worker, server.body_timeout_s)
+    check_model(server, body)
+    template = server.chat
+    if template is None:
+        raise APIError(400, f"'{server.model_name}' has no chat template: use /v1/completions", "messages")
+    if "messages" not in body:
+        raise APIError(400, "'messages' is required: a list of {role, content}", "messages")
+    structured = structured_asked(body, chat=True)
+    try:
+        ids = template.encode(body["messages"], add_generation_prompt=True, tools=structured.tools)
+        if structured.tools and ids == template.encode(body["messages"], add_generation_prompt=True):
+            raise APIError(400, f"the chat template of '{server.model_name}' does not write tools into the prompt, "
+                                f"so the model cannot choose to call one ('tool_choice': \"auto\"): ask for a call "
+                                f"('tool_choice': \"required\" or a named function), or leave 'tools' out", "tools")
+    except ChatTemplateError as e:
+        raise APIError(400, f"'messages': {e}", "messages") from None
+    params = sampling_params(body, len(ids), server.engine, template.end_of_turn_ids(), default_max_tokens=None)
+    echo_asked(body, chat=True)  # refused here
+    params = await constrain_off_loop(server, structured, params)
+    return await respond(server, request, body, ids, params, chat=True, echo=False, tool_reply=structured.reply)
+
+
+async def constrain_off_loop(server: ServerState, structured: Structured, params: SamplingParams) -> SamplingParams:
+    """Compile the answer's grammar, if it has one, in the app's grammar thread, before the request reaches the
+    engine: the event loop and the engine's thread go on meanwhile (a schema seen before is cached). One thread,
+    so that compiles queue rather than share the GIL; each lets go of it every 0.2 ms, and the thread runs at a
+    lower priority than the engine's (lesson 25, section 9). -> params with the grammar, or params as they were."""
+    if not structured.constrained:
+        return params
+    engine = server.engine
+    eos = engine.model.eos_token_ids if params.stop_token_ids is None else list(params.stop_token_ids)
+    return await asyncio.get_running_loop().run_in_executor(server.grammars, constrain, structured, params,
+                                                            engine.tokenizer, eos, server.grammar_budget)
+
+def token_name(tokenizer, token: int, as_id: bool) -> str:
+    """A token as the logprobs fields spell it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""
+    return f"token_id:{token}" if as_id else tokenizer.decoder[token].decode("utf-8", errors="replace")
+
+def completion_logprobs(tokenizer, pairs: list[tuple[int, TokenLogprobs | None]], as_id: bool, offset: int = 0) -> dict:
+    """OpenAI's completions `logprobs` for (token, its TokenLogprobs or None) pairs: tokens, token_logprobs,
+    top_logprobs ({token: logprob}, the chosen one always included, as OpenAI's), text_offset."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, entry in pairs:
+        name = token_name(tokenizer, token, as_id)
+        out["tokens"].append(name)
+        out["text_offset"].append(offset)
+        offset += len(token_name(tokenizer, token, False))
+        out["token_logprobs"].append(None if entry is None else entry.logprob)
+        top = None if entry is None else {token_name(tokenizer, t, as_id): lp for t, lp in entry.top}
+        if top is not None:
+            top.setdefault(name, entry.logprob)
+        out["top_logprobs"].append(top)
+    return out
+
+def chat_logprobs(tokenizer, entries: list[TokenLogprobs], as_id: bool) -> dict:
+    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+    def one(token: int, logprob: float) -> dict:
+        return {"token": token_name(tokenizer, token, as_id), "logprob": logprob,
+                "bytes": list(tokenizer.decoder[token])}
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+                        for e in entries]}
+
+
+async def respond(server: ServerState, request: Request, body: dict, ids: list[int], params: SamplingParams,
+                  chat: bool, echo: bool, tool_reply=None):
+    """Answer a request: `n` choices of the same prompt (each its own sequence, choice i seeded seed + i, as
+    vLLM seeds them), as one JSON answer or a stream of chunks, each chunk one choice's (its `index`).
+    `tool_reply` (chat with tools): a choice's whole text -> (its message fields, its finish_reason or None);
+    such an answer is streamed in one piece, at its end, since a tool call's text is parsed whole."""
+    worker, tokenizer = server.worker, server.engine.tokenizer
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, "'stream' must be true or false", "stream")
+    n = choices_asked(body)
+    options = body.get("stream_options") or {}
+    include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    as_id = body.get("return_tokens_as_token_ids") is True  # vLLM's: tokens spelled "token_id:N"
+    with_ids = body.get("return_token_ids") is True         # vLLM's: prompt_token_ids and token_ids
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()  # one queue for the n choices' outputs
+    pendings = []
+    for i in range(n):  # in order: choice 0 reaches the engine first, and the others share its prompt's blocks
+        seeded = params if i == 0 or params.seed is None else replace(params, seed=params.seed + i)
+        pendings.append(Pending(ids, seeded, loop, events, share_prompt_with=pendings[0] if i else None))
+        worker.submit(pendings[-1])  # 503 once the server is shutting down
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    kind = "chat.completion" if chat else "text_completion"
+    prompt_text = tokenizer.decode(ids) if echo else ""
+    ids_sent = set()  # the choices whose prompt ids went out already (a stream sends them in its first chunk)
+    n_tokens = [0]    # answer tokens so far, all choices together: the usage
+
+    def index_of(out: RequestOutput) -> int:
+        return next(i for i, p in enumerate(pendings) if p.request_id == out.request_id)
+
+    def cancel_all() -> None:
+        for p in pendings:
+            worker.cancel(p)  # a finished one is left as it is
+
+    def choice(index: int, text: str, finish: str | None, delta: bool, outs: list[RequestOutput] = ()) -> dict:
+        """Choice `index` from the engine's RequestOutputs `outs` (a stream's one, or all of a whole answer): their
+        text is `text`, and their tokens and log-probabilities are the ones that spell it."""
+        new = [t for out in outs for t in out.token_ids]
+        logprobs = None
+        if params.logprobs is not None and outs:
+            entries = [e for out in outs for e in out.logprobs]
+            if chat:
+                logprobs = chat_logprobs(tokenizer, entries, as_id)
+            else:
+                prompt = next((out.prompt_logprobs for out in outs if out.prompt_logprobs is not None), ())
+                pairs = list(zip(ids, prompt)) if echo else []
+                logprobs = completion_logprobs(tokenizer, pairs + [(e.token, e) for e in entries], as_id)
+        if not chat:
+            out = {"index": index, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish}
+            if with_ids:
+                out.update(prompt_token_ids=None if index in ids_sent else ids, token_ids=new)
+                ids_sent.add(index)
+            return out
+        message = {"content": text} if delta else {"role": "assistant", "content": text}
+        if tool_reply is not None and finish is not None:  # the whole text: a tool call, or plain content
+            fields, tool_finish = tool_reply(text)
+            if delta and fields.get("tool_calls"):  # a stream numbers its calls
+                fields["tool_calls"] = [{"index": k, **call} for k, call in enumerate(fields["tool_calls"])]
+            message.update(fields)
+            finish = tool_finish or finish
+        out = {"index": index, "delta" if delta else "message": message, "logprobs": logprobs,
+               "finish_reason": finish}
+        if with_ids:
+            out["token_ids"] = new
+        return out
+
+    def usage() -> dict:
+        return {"prompt_tokens": len(ids), "completion_tokens": n_tokens[0], "total_tokens": len(ids) + n_tokens[0]}
+
+    if not stream:
+        outs: list[list[RequestOutput]] = [[] for _ in range(n)]
+        n_finished = 0
+        while n_finished < n:
+            out = await next_event(request, pendings[0], worker)
+            if out is DISCONNECTED:
+                cancel_all()
+                return error_response(499, "the client closed the request")
+            if isinstance(out, Ended):
+                cancel_all()
+                return error_response(out.status, out.message)
+            outs[index_of(out)].append(out)
+            n_tokens[0] += len(out.token_ids)
+            n_finished += out.finished
+        choices = [choice(i, "".join(o.text for o in mine), mine[-1].finish_reason, False, mine)
+                   for i, mine in enumerate(outs)]
+        answer = {"id": rid, "object": kind, "created": created, "model": server.model_name, "choices": choices,
+                  "usage": usage()}
+        if chat and with_ids:
+            answer["prompt_token_ids"] = ids  # vLLM puts the chat prompt's ids beside the choices
+        return answer
+
+    chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def sse(payload: dict) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    async def events_out():
+        done = False
+        held: list[list[RequestOutput]] = [[] for _ in range(n)]  # with tools: each choice's outputs, till its end
+        try:
+            head = {"id": rid, "object": chunk_kind, "created": created, "model": server.model_name}
+            if chat:  # each choice's first chunk says who speaks, as OpenAI's does
+                for i in range(n):
+                    first = choice(i, "", None, delta=True)
+                    first["delta"]["role"] = "assistant"
+                    yield sse({**head, "choices": [first]})
+            n_finished = 0
+            while True:
+                out = await next_event(request, pendings[0], worker)
+                if out is DISCONNECTED:
+                    return  # `finally` cancels the request
+                if isinstance(out, Ended):  # the status line went out long ago: the error is an event
+                    done = True
+                    yield sse(error_body(out.status, out.message))
+                    yield "data: [DONE]\n\n"
+                    return
+                n_tokens[0] += len(out.token_ids)
+                i = index_of(out)
+                if tool_reply is not None:  # a tool call is parsed whole: its choice goes out at its end
+                    held[i].append(out)
+                    if out.finished:
+                        text = "".join(o.text for o in held[i])
+                        yield sse({**head, "choices": [choice(i, text, out.finish_reason, True, held[i])]})
+                elif out.text or out.token_ids or out.finished:  # one chunk per output: its text, its tokens
+                    yield sse({**head, "choices": [choice(i, out.text, out.finish_reason, True, [out])]})
+                n_finished += out.finished
+                if n_finished == n:
+                    done = True
+                    if include_usage:
+                        yield sse({**head, "choices": [], "usage": usage()})
+                    yield "data: [DONE]\n\n"
+                    return
+        finally:
+            if not done:  # the client went away mid-stream, or one choice failed: free every choice's blocks now
+                cancel_all()
+
+    return StreamingResponse(events_out(), media_type="text/event-stream")
+
+
 def create_app(engine: Engine, model_name: str, chat: ChatTemplate | None = None,
                body_timeout_s: float = BODY_TIMEOUT_S, grammar_budget: GrammarBudget | None = None) -> FastAPI:
     """The FastAPI app serving `engine` under the model name `model_name`; chat needs the checkpoint's template.
-    `app.state.worker` is its EngineThread, which `serve` stops on SIGINT/SIGTERM. `grammar_budget`: what one
-    request's grammar may cost (lesson 25's GrammarBudget; None: its defaults)."""
-    worker = EngineThread(engine)
+    It only wires the parts: the ServerState every route reads (`app.state.server`), the error handlers, and the
+    routes, each a function above. `app.state.worker` is its EngineThread, which `serve` stops on SIGINT/SIGTERM;
+    `app.state.metrics` its ServerMetrics. `grammar_budget`: what one request's grammar may cost (lesson 25's
+    GrammarBudget; None: its defaults)."""
+    metrics = ServerMetrics(model_name)
+    worker = EngineThread(engine, metrics)  # it records each step's (and abort's) StepStats into the metrics
     grammars = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar",  # compiles, one at a time, at a
                                   initializer=lower_priority)                  # priority below the engine's
-
-    @asynccontextmanager
-    async def lifespan(app):
-        prepare_grammars(engine.tokenizer)  # the vocabulary's trie, and gc.freeze(), before the engine starts
-        worker.start()
-        yield
-        worker.stop()  # `serve` stopped it already; run some other way, the app stops it here (HTTP is closed by now)
-        grammars.shutdown(wait=False, cancel_futures=True)
-        gc.unfreeze()  # what the server froze may be collected again, in a process that goes on without it
-
     app = FastAPI(title="hardway", lifespan=lifespan)
-    app.state.worker = worker
-    app.state.metrics = metrics = ServerMetrics(model_name)  # GET /metrics (section 10)
-
-    def on_stats(stats: StepStats) -> None:  # in the engine's thread, after every step and every abort
-        worker.last_stats = stats  # what GET /stats reads: a frozen record, never the engine's live counters
-        metrics.record(stats)
-
-    engine.on_stats = on_stats
-
-    @app.exception_handler(APIError)
-    async def api_error(request, e: APIError):
-        return error_response(e.status, e.message, e.param, e.code)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request, e: StarletteHTTPException):
-        return error_response(e.status_code, f"{request.method} {request.url.path}: {e.detail}")
-
-    def check_model(body: dict) -> None:
-        if not isinstance(body.get("model"), str):
-            raise APIError(400, "'model' is required: the name GET /v1/models lists", "model")
-        if body["model"] != model_name:
-            raise APIError(404, f"the model '{body['model']}' does not exist here; this server has '{model_name}'",
-                           "model", "model_not_found")
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "hardway"}]}
-
-    @app.get("/stats")
-    async def stats():
-        return worker.stats()
-
-    @app.get("/health")
-    async def health():
-        state = worker.health()
-        return JSONResponse(state, status_code=200 if state["status"] == "ok" else 503)
-
-    @app.get("/metrics")
-    async def prometheus_metrics():  # Prometheus's text format, under vLLM's names (section 10)
-        return Response(metrics.text(), media_type=CONTENT_TYPE)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await read_json(request, worker, body_timeout_s)
-        check_model(body)
-        ids = prompt_ids(body.get("prompt"), engine)
-        structured = structured_asked(body, chat=False)
-        params = sampling_params(body, len(ids), engine, None, default_max_tokens=16)  # OpenAI's default: 16
-        echo = echo_asked(body, chat=False)
-        if echo:  # the prompt's log-probabilities too: the engine computes them, as it computes the answer's
-            params = replace(params, prompt_logprobs=params.logprobs)
-        params = await constrain_off_loop(structured, params)
-        return await respond(request, body, ids, params, chat=False, echo=echo)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await read_json(request, worker, body_timeout_s)
-        check_model(body)
-        if chat is None:
-            raise APIError(400, f"'{model_name}' has no chat template: use /v1/completions", "messages")
-        if "messages" not in body:
-            raise APIError(400, "'messages' is required: a list of {role, content}", "messages")
-        structured = structured_asked(body, chat=True)
-        try:
-            ids = chat.encode(body["messages"], add_generation_prompt=True, tools=structured.tools)
-            if structured.tools and ids == chat.encode(body["messages"], add_generation_prompt=True):
-                raise APIError(400, f"the chat template of '{model_name}' does not write tools into the prompt, so the "
-                                    f"model cannot choose to call one ('tool_choice': \"auto\"): ask for a call "
-                                    f"('tool_choice': \"required\" or a named function), or leave 'tools' out", "tools")
-        except ChatTemplateError as e:
-            raise APIError(400, f"'messages': {e}", "messages") from None
-        params = sampling_params(body, len(ids), engine, chat.end_of_turn_ids(), default_max_tokens=None)
-        echo_asked(body, chat=True)  # refused here
-        params = await constrain_off_loop(structured, params)
-        return await respond(request, body, ids, params, chat=True, echo=False, tool_reply=structured.reply)
-
-    async def constrain_off_loop(structured: Structured, params: SamplingParams) -> SamplingParams:
-        """Compile the answer's grammar, if it has one, in the app's grammar thread, before the request reaches the
-        engine: the event loop and the engine's thread go on meanwhile (a schema seen before is cached). One thread,
-        so that compiles queue rather than share the GIL; each lets go of it every 0.2 ms, and the thread runs at a
-        lower priority than the engine's (lesson 25, section 9). -> params with the grammar, or params as they were."""
-        if not structured.constrained:
-            return params
-        eos = engine.model.eos_token_ids if params.stop_token_ids is None else list(params.stop_token_ids)
-        return await asyncio.get_running_loop().run_in_executor(grammars, constrain, structured, params,
-                                                                engine.tokenizer, eos, grammar_budget)
-
-    def token_name(token: int, as_id: bool) -> str:
-        """A token as the logprobs fields spell it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""
-        return f"token_id:{token}" if as_id else engine.tokenizer.decoder[token].decode("utf-8", errors="replace")
-
-    def completion_logprobs(pairs: list[tuple[int, TokenLogprobs | None]], as_id: bool, offset: int = 0) -> dict:
-        """OpenAI's completions `logprobs` for (token, its TokenLogprobs or None) pairs: tokens, token_logprobs,
-        top_logprobs ({token: logprob}, the chosen one always included, as OpenAI's), text_offset."""
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for token, entry in pairs:
-            name = token_name(token, as_id)
-            out["tokens"].append(name)
-            out["text_offset"].append(offset)
-            offset += len(token_name(token, False))
-            out["token_logprobs"].append(None if entry is None else entry.logprob)
-            top = None if entry is None else {token_name(t, as_id): lp for t, lp in entry.top}
-            if top is not None:
-                top.setdefault(name, entry.logprob)
-            out["top_logprobs"].append(top)
-        return out
-
-    def chat_logprobs(entries: list[TokenLogprobs], as_id: bool) -> dict:
-        """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
-        def one(token: int, logprob: float) -> dict:
-            return {"token": token_name(token, as_id), "logprob": logprob, "bytes": list(engine.tokenizer.decoder[token])}
-        return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
-                            for e in entries]}
-
-    async def respond(request: Request, body: dict, ids: list[int], params: SamplingParams, chat: bool, echo: bool,
-                      tool_reply=None):
-        """Answer a request: `n` choices of the same prompt (each its own sequence, choice i seeded seed + i, as
-        vLLM seeds them), as one JSON answer or a stream of chunks, each chunk one choice's (its `index`).
-        `tool_reply` (chat with tools): a choice's whole text -> (its message fields, its finish_reason or None);
-        such an answer is streamed in one piece, at its end, since a tool call's text is parsed whole."""
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise APIError(400, "'stream' must be true or false", "stream")
-        n = choices_asked(body)
-        options = body.get("stream_options") or {}
-        include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-        as_id = body.get("return_tokens_as_token_ids") is True  # vLLM's: tokens spelled "token_id:N"
-        with_ids = body.get("return_token_ids") is True         # vLLM's: prompt_token_ids and token_ids
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()  # one queue for the n choices' outputs
-        pendings = []
-        for i in range(n):  # in order: choice 0 reaches the engine first, and the others share its prompt's blocks
-            seeded = params if i == 0 or params.seed is None else replace(params, seed=params.seed + i)
-            pendings.append(Pending(ids, seeded, loop, events, share_prompt_with=pendings[0] if i else None))
-            worker.submit(pendings[-1])  # 503 once the server is shutting down
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-        prompt_text = engine.tokenizer.decode(ids) if echo else ""
-        ids_sent = set()  # the choices whose prompt ids went out already (a stream sends them in its first chunk)
-        n_tokens = [0]    # answer tokens so far, all choices together: the usage
-
-        def index_of(out: RequestOutput) -> int:
-            return next(i for i, p in enumerate(pendings) if p.request_id == out.request_id)
-
-        def cancel_all() -> None:
-            for p in pendings:
-                worker.cancel(p)  # a finished one is left as it is
-
-        def choice(index: int, text: str, finish: str | None, delta: bool, outs: list[RequestOutput] = ()) -> dict:
-            """Choice `index` from the engine's RequestOutputs `outs` (a stream's one, or all of a whole answer): their
-            text is `text`, and their tokens and log-probabilities are the ones that spell it."""
-            new = [t for out in outs for t in out.token_ids]
-            logprobs = None
-            if params.logprobs is not None and outs:
-                entries = [e for out in outs for e in out.logprobs]
-                if chat:
-                    logprobs = chat_logprobs(entries, as_id)
-                else:
-                    prompt = next((out.prompt_logprobs for out in outs if out.prompt_logprobs is not None), ())
-                    pairs = list(zip(ids, prompt)) if echo else []
-                    logprobs = completion_logprobs(pairs + [(e.token, e) for e in entries], as_id)
-            if not chat:
-                out = {"index": index, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish}
-                if with_ids:
-                    out.update(prompt_token_ids=None if index in ids_sent else ids, token_ids=new)
-                    ids_sent.add(index)
-                return out
-            message = {"content": text} if delta else {"role": "assistant", "content": text}
-            if tool_reply is not None and finish is not None:  # the whole text: a tool call, or plain content
-                fields, tool_finish = tool_reply(text)
-                if delta and fields.get("tool_calls"):  # a stream numbers its calls
-                    fields["tool_calls"] = [{"index": k, **call} for k, call in enumerate(fields["tool_calls"])]
-                message.update(fields)
-                finish = tool_finish or finish
-            out = {"index": index, "delta" if delta else "message": message, "logprobs": logprobs,
-                   "finish_reason": finish}
-            if with_ids:
-                out["token_ids"] = new
-            return out
-
-        def usage() -> dict:
-            return {"prompt_tokens": len(ids), "completion_tokens": n_tokens[0], "total_tokens": len(ids) + n_tokens[0]}
-
-        if not stream:
-            outs: list[list[RequestOutput]] = [[] for _ in range(n)]
-            n_finished = 0
-            while n_finished < n:
-                out = await next_event(request, pendings[0], worker)
-                if out is DISCONNECTED:
-                    cancel_all()
-                    return error_response(499, "the client closed the request")
-                if isinstance(out, Ended):
-                    cancel_all()
-                    return error_response(out.status, out.message)
-                outs[index_of(out)].append(out)
-                n_tokens[0] += len(out.token_ids)
-                n_finished += out.finished
-            choices = [choice(i, "".join(o.text for o in mine), mine[-1].finish_reason, False, mine)
-                       for i, mine in enumerate(outs)]
-            answer = {"id": rid, "object": kind, "created": created, "model": model_name, "choices": choices,
-                      "usage": usage()}
-            if chat and with_ids:
-                answer["prompt_token_ids"] = ids  # vLLM puts the chat prompt's ids beside the choices
-            return answer
-
-        chunk_kind = "chat.completion.chunk" if chat else "text_completion"
-
-        def sse(payload: dict) -> str:
-            return f"data: {json.dumps(payload)}\n\n"
-
-        async def events_out():
-            done = False
-            held: list[list[RequestOutput]] = [[] for _ in range(n)]  # with tools: each choice's outputs, till its end
-            try:
-                head = {"id": rid, "object": chunk_kind, "created": created, "model": model_name}
-                if chat:  # each choice's first chunk says who speaks, as OpenAI's does
-                    for i in range(n):
-                        first = choice(i, "", None, delta=True)
-                        first["delta"]["role"] = "assistant"
-                        yield sse({**head, "choices": [first]})
-                n_finished = 0
-                while True:
-                    out = await next_event(request, pendings[0], worker)
-                    if out is DISCONNECTED:
-                        return  # `finally` cancels the request
-                    if isinstance(out, Ended):  # the status line went out long ago: the error is an event
-                        done = True
-                        yield sse(error_body(out.status, out.message))
-                        yield "data: [DONE]\n\n"
-                        return
-                    n_tokens[0] += len(out.token_ids)
-                    i = index_of(out)
-                    if tool_reply is not None:  # a tool call is parsed whole: its choice goes out at its end
-                        held[i].append(out)
-                        if out.finished:
-                            text = "".join(o.text for o in held[i])
-                            yield sse({**head, "choices": [choice(i, text, out.finish_reason, True, held[i])]})
-                    elif out.text or out.token_ids or out.finished:  # one chunk per output: its text, its tokens
-                        yield sse({**head, "choices": [choice(i, out.text, out.finish_reason, True, [out])]})
-                    n_finished += out.finished
-                    if n_finished == n:
-                        done = True
-                        if include_usage:
-                            yield sse({**head, "choices": [], "usage": usage()})
-                        yield "data: [DONE]\n\n"
-                        return
-            finally:
-                if not done:  # the client went away mid-stream, or one choice failed: free every choice's blocks now
-                    cancel_all()
-
-        return StreamingResponse(events_out(), media_type="text/event-stream")
-
+    app.state.server = ServerState(engine, model_name, chat, worker, metrics, grammars, body_timeout_s,
+                                   grammar_budget)
+    app.state.worker, app.state.metrics = worker, metrics
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(SamplingParamsError, sampling_params_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
+    app.add_api_route("/stats", engine_stats, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", prometheus_metrics, methods=["GET"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     return app

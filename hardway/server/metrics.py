@@ -23,7 +23,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason, bu
 
 class ServerMetrics:
     """The metrics of one server, in a registry of its own (two servers in one process do not share counters):
-    `record` takes each StepStats in the engine's thread (Engine.on_stats), `text` is what GET /metrics answers.
+    `record` takes each StepStats in the engine's thread (the one Engine.step or Engine.abort returned: the server's
+    EngineThread hands it over), `text` is what GET /metrics answers.
 
     A request's counts and latencies are recorded when it ends, so a scrape in the middle of a long answer does not
     show it yet; the gauges (running, waiting, cache usage) are those of the last step or abort."""

@@ -9,9 +9,8 @@ import math
 
 from fastapi.responses import JSONResponse
 
-from hardway.decode.sampling import LOGIT_BIAS_LIMIT
 from hardway.engine.engine import Engine
-from hardway.engine.sequence import SamplingParams
+from hardway.engine.sequence import SamplingParams, SamplingParamsError
 
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt the context holds
@@ -49,7 +48,6 @@ def _number(body: dict, name: str, default, low=None, high=None, low_open=False,
     return value
 
 
-SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 # OpenAI fields this server does not compute -> the value that asks for nothing. Anything else is refused with a
 # 400 naming the field: a client that asks for something and gets none of it would be answered wrongly, silently.
 NOT_COMPUTED = {"best_of": 1, "suffix": ""}
@@ -103,47 +101,40 @@ def choices_asked(body: dict) -> int:
     return _number(body, "n", 1, low=1, high=MAX_N, integer=True)
 
 
-def token_ids_field(body: dict, name: str, engine: Engine) -> list[int] | None:
-    """A field that lists token ids (`stop_token_ids`, vLLM's), each inside the vocabulary; None when absent."""
+def token_ids_field(body: dict, name: str) -> list[int] | None:
+    """A field that lists token ids (`stop_token_ids`, vLLM's): a JSON list of integers; None when absent. Whether
+    each is a token of this model's vocabulary, SamplingParams.check_vocabulary says."""
     value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise APIError(400, f"'{name}' must be a list of token ids (integers), got {json.dumps(value)[:40]}", name)
-    bad = next((t for t in value if not 0 <= t < engine.vocab_size), None)
-    if bad is not None:
-        raise APIError(400, f"'{name}' holds the token id {bad}, outside this model's vocabulary (0 to "
-                            f"{engine.vocab_size - 1})", name)
     return value
 
 
-def logit_bias_asked(body: dict, engine: Engine) -> dict[int, float] | None:
-    """`logit_bias`: {"token id": bias} (JSON keys are strings), each id inside the vocabulary, each bias a number in
-    [-100, 100] as OpenAI takes them; None when absent or empty."""
+def logit_bias_asked(body: dict) -> dict[int, object] | None:
+    """`logit_bias`: a JSON object {"token id": bias} (JSON keys are strings) -> {token id: bias}; None when absent.
+    Whether each bias is a number in [-100, 100] and each id in the vocabulary, SamplingParams says."""
     bias = body.get("logit_bias")
     if bias is None:
         return None
     if not isinstance(bias, dict):
         raise APIError(400, f"'logit_bias' must be an object {{\"token id\": bias}}, got {json.dumps(bias)[:40]}",
                        "logit_bias")
-    out = {}
-    for key, value in bias.items():
-        if not (key.isascii() and key.isdigit()) or int(key) >= engine.vocab_size:
-            raise APIError(400, f"'logit_bias' key {key[:20]!r} is not a token id of this model's vocabulary (0 to "
-                                f"{engine.vocab_size - 1})", "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or abs(value) > LOGIT_BIAS_LIMIT:
-            raise APIError(400, f"'logit_bias' of token {key} must be a number in [-100, 100], got "
-                                f"{json.dumps(value)[:40]}", "logit_bias")
-        out[int(key)] = float(value)
-    return out or None
+    bad = next((key for key in bias if not (key.isascii() and key.isdigit())), None)
+    if bad is not None:
+        raise APIError(400, f"'logit_bias' key {bad[:20]!r} is not a token id (a whole number from 0)", "logit_bias")
+    return {int(key): value for key, value in bias.items()}
 
 
 def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int] | None,
                     default_max_tokens: int | None) -> SamplingParams:
-    """The request's sampling fields, checked against OpenAI's ranges and this engine's room. `eos_ids`: where the
-    answer ends (a chat template's end of turn; None: the model's end-of-sequence ids); vLLM's `stop_token_ids`
-    adds to them."""
+    """The request's sampling fields -> its SamplingParams. Here, only what is about the HTTP API: each field's JSON
+    type, OpenAI's own limits (temperature in [0, 2], penalties in [-2, 2], up to 4 stop strings, up to 20
+    log-probabilities), and this engine's room for the prompt and the answer (OpenAI's context_length_exceeded).
+    Every rule of sampling itself is SamplingParams' (top_p in (0, 1], a bias in [-100, 100], token ids in the
+    vocabulary, ...): its SamplingParamsError becomes a 400 naming the field. `eos_ids`: where the answer ends (a
+    chat template's end of turn; None: the model's end-of-sequence ids); vLLM's `stop_token_ids` adds to them."""
     refuse_unsupported(body)
     capacity = engine.capacity()
     if n_prompt >= capacity:
@@ -153,28 +144,41 @@ def sampling_params(body: dict, n_prompt: int, engine: Engine, eos_ids: list[int
     room = capacity - n_prompt
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, name, default_max_tokens or room, integer=True)
-    if max_tokens < 1:
-        raise APIError(400, f"'{name}' must be at least 1, got {max_tokens}", name)
     if max_tokens > room:
         raise APIError(400, f"'{name}' is {max_tokens}, but the prompt's {n_prompt} tokens leave room for {room} "
                             f"(this server holds {capacity} positions per request)", name, "context_length_exceeded")
     temperature = _number(body, "temperature", 1.0, low=0, high=2)
-    top_p = _number(body, "top_p", 1.0, low=0, high=1, low_open=True)
-    seed = _number(body, "seed", None, low=SEED_RANGE[0], high=SEED_RANGE[1], integer=True)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
         raise APIError(400, "'stop' must be a non-empty string or a list of up to 4 of them", "stop")
-    min_p = _number(body, "min_p", 0.0, low=0, high=1)  # vLLM's field
     presence, frequency = (_number(body, name, 0.0, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
                            for name in ("presence_penalty", "frequency_penalty"))
-    stop_ids = token_ids_field(body, "stop_token_ids", engine)
+    stop_ids = token_ids_field(body, "stop_token_ids")
     if stop_ids:  # as vLLM: these end the answer too, beside the end of turn or the model's end-of-sequence ids
         eos_ids = list(dict.fromkeys((engine.model.eos_token_ids if eos_ids is None else eos_ids) + stop_ids))
-    return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), seed=seed,
-                          stop=stop, stop_token_ids=eos_ids, logprobs=logprobs_asked(body, chat="messages" in body),
-                          min_p=float(min_p), presence_penalty=float(presence), frequency_penalty=float(frequency),
-                          logit_bias=logit_bias_asked(body, engine))
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=float(temperature),
+                                top_p=float(_number(body, "top_p", 1.0)),
+                                seed=_number(body, "seed", None, integer=True), stop=stop, stop_token_ids=eos_ids,
+                                logprobs=logprobs_asked(body, chat="messages" in body),
+                                min_p=float(_number(body, "min_p", 0.0)),  # vLLM's field
+                                presence_penalty=float(presence), frequency_penalty=float(frequency),
+                                logit_bias=logit_bias_asked(body))
+        params.check_vocabulary(engine.vocab_size)
+    except SamplingParamsError as e:  # the request's name for the field: max_tokens may be max_completion_tokens
+        raise refused(e, name if e.field == "max_tokens" else e.field) from None
+    return params
+
+
+def refused(e: SamplingParamsError, param: str | None = None) -> APIError:
+    """A SamplingParamsError as the 400 a client reads: `param` (default: the field it names) in the error's
+    `param`, and quoted in the message as the server's other messages quote a field."""
+    param = param or e.field
+    message = str(e).removeprefix("SamplingParams: ")
+    if message.startswith(e.field + " "):
+        message = f"'{param}'{message[len(e.field):]}"
+    return APIError(400, message, param)
 
 
 def prompt_ids(prompt, engine: Engine) -> list[int]:

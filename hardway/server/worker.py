@@ -16,6 +16,7 @@ from fastapi import Request
 from hardway.decode.regex_automaton import GrammarBudgetError
 from hardway.engine.engine import Engine
 from hardway.engine.sequence import RequestOutput, SamplingParams, StepStats
+from hardway.server.metrics import ServerMetrics
 from hardway.server.protocol import APIError
 
 
@@ -57,8 +58,8 @@ class EngineThread:
     on. Shutting down is three steps: `stop_admitting` (new requests are refused with 503), wait while `busy`,
     then `stop`: the loop ends every request still open with an Ended(503) and exits."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None):
+        self.engine, self.metrics = engine, metrics  # metrics: where each StepStats goes (section 10), if anywhere
         self.inbox: queue.Queue = queue.Queue()  # ("add", Pending) or ("abort", Pending), from the handlers
         self.pending: dict[int, Pending] = {}    # request id -> its request
         self.admitting = True                    # False once shutting down: submit() refuses
@@ -66,7 +67,7 @@ class EngineThread:
         self.door = threading.Lock()             # submit() and the loop's last look at the inbox, one at a time
         self.stopping = threading.Event()
         self.last_loop = time.monotonic()        # when the loop last went round: /health reports its age
-        self.last_stats: StepStats = engine.stats()  # the engine's last step's record (create_app's on_stats)
+        self.last_stats: StepStats = engine.stats()  # the record of the engine's last step or abort (`record`)
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -114,14 +115,24 @@ class EngineThread:
 
     def compile_stats(self) -> dict:
         """The compiled decode steps' batch sizes, those ready and those still compiling (none once a compile
-        failed: its error is given, and those sizes stay eager); nothing for an engine that compiles none."""
+        failed: its error is given, and those sizes stay eager); nothing for an engine that compiles none. Read
+        from one CompileState, the record the compile thread last published, never from values it is changing."""
         decode = self.engine.runner.decode
         if decode is None:
             return {}
-        ready = sorted(decode.ready)
-        pending = [] if decode.error is not None else [b for b in decode.batch_sizes if b not in ready]
-        return {"compiled_batch_sizes": ready, "compiling_batch_sizes": pending,
-                "compile_error": None if decode.error is None else f"{type(decode.error).__name__}: {decode.error}"}
+        state = decode.state  # one read: the compile thread replaces the record, never changes it
+        return {"compiled_batch_sizes": sorted(state.ready), "compiling_batch_sizes": list(state.compiling),
+                "compile_error": state.error}
+
+    def record(self, stats: StepStats | None) -> None:
+        """In the engine's thread, after every step and every abort: the StepStats it returned becomes what GET
+        /stats reads (a frozen record, never the engine's live counters), and goes into the metrics. None (an
+        abort of a request that had finished) changes nothing."""
+        if stats is None:
+            return
+        self.last_stats = stats
+        if self.metrics is not None:
+            self.metrics.record(stats)
 
     def health(self) -> dict:
         """The engine thread's state, not just the HTTP loop's: "ok", "shutting down" or "engine stopped"."""
@@ -137,7 +148,7 @@ class EngineThread:
     def _end(self, request: Pending, status: int, message: str) -> None:
         """Tell a request it ended without finishing, and forget it."""
         if request.request_id is not None:
-            self.engine.abort(request.request_id)  # its blocks go back to the pool
+            self.record(self.engine.abort(request.request_id))  # its blocks go back to the pool
             self.pending.pop(request.request_id, None)
         self._deliver(request, Ended(status, message))
 
@@ -149,9 +160,9 @@ class EngineThread:
                 return
             block = False
             if kind == "add":
-                try:  # the handler checked it (sampling_params, prompt_ids): the engine does not check it again
+                try:  # the handler checked it already (sampling_params, prompt_ids): add's own checks pass
                     first = request.share_prompt_with  # added before this one: the inbox keeps their order
-                    request.request_id = self.engine.add(request.prompt_ids, request.params, checked=True,
+                    request.request_id = self.engine.add(request.prompt_ids, request.params,
                                                          share_prompt_with=first and first.request_id).id
                 except Exception as e:  # noqa: BLE001 - not the client's fault, and this request's alone
                     log.error("the engine could not take a request: %s: %s", type(e).__name__, e)
@@ -159,12 +170,14 @@ class EngineThread:
                     continue
                 self.pending[request.request_id] = request
             elif request.request_id in self.pending:  # abort: the client went away
-                self.engine.abort(request.request_id)
+                self.record(self.engine.abort(request.request_id))
                 del self.pending[request.request_id]
 
     def _step(self) -> None:
         handed: dict[asyncio.AbstractEventLoop, list] = {}  # this step's outputs, by the event loop they go to
-        for out in self.engine.step():
+        outputs, stats = self.engine.step()
+        self.record(stats)
+        for out in outputs:
             request = self.pending.get(out.request_id)
             if request is None:
                 continue
@@ -194,7 +207,7 @@ class EngineThread:
                 log.error("an engine step failed: %s: %s", type(e).__name__, e)
                 for request in list(self.pending.values()):
                     self._end(request, 500, f"the engine failed on this step: {type(e).__name__}: {e}")
-                self.engine.abort_all()  # nobody waits for them now; every block back
+                self.record(self.engine.abort_all())  # nobody waits for them now; every block back
         with self.door:  # shutting down: from here on submit() refuses, so this look at the inbox is the last
             self.closed = True
         self._take_inbox(block=False)
