@@ -10,7 +10,9 @@ compiling) and --after more answers have come. It reports: the seconds until the
 answer, until every size is compiled; the answers' tokens/s while compiling and after; whether every answer is the
 same text (a request served across the switch from eager to compiled steps must not change); and the process's
 peak resident memory (VmHWM). Each start runs twice, with one cache folder: the first start compiles from nothing (a
-fresh $XDG_CACHE_HOME), the second reads back what inductor kept on disk. --peer starts another server the same way
+fresh $XDG_CACHE_HOME, and no Python bytecode: Python compiles every module it imports, torch's included, and keeps
+the bytecode there), the second reads back what inductor and Python kept on disk, as a user's every start after the
+first does. --peer starts another server the same way
 after them (llama.cpp's llama-server on the same .gguf: it listens while it loads, answering 503, so its first answer
 is what counts). --json appends the figures to a file.
 """
@@ -48,7 +50,10 @@ def one_start(model: str, flags: list[str], cache_home: str, max_tokens: int, af
     """Start `hardway serve` (or, with `peer`, that shell command, its "{port}" filled in) and time it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "XDG_CACHE_HOME": cache_home}
+    # Python's bytecode kept in the cache folder too (some environments turn it off: PYTHONDONTWRITEBYTECODE), so the
+    # second start reads back every module compiled by the first, torch's included, as a user's every later start does
+    env = {**os.environ, "XDG_CACHE_HOME": cache_home, "PYTHONPYCACHEPREFIX": os.path.join(cache_home, "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.pop("HARDWAY_EAGER", None)  # the server as a user starts it
     start = time.perf_counter()
     command = ["bash", "-c", f"exec {peer.format(port=port)}"] if peer else hardway_serve(model, port, flags)

@@ -204,7 +204,7 @@ def cmd_generate(args) -> int:
         tokenizer = source.tokenizer()
         stop = {}  # generate's default: the model's EOS ids
         if args.chat:  # no chat template: an error, before the weights load
-            chat = source.chat_template()
+            chat = source.chat_template(tokenizer)
             prompt_ids = chat.encode([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
             stop = {"eos_token_id": chat.end_of_turn_ids()}
         else:

@@ -71,11 +71,12 @@ class ModelSource:
         beside it's tokenizer files when it has them, else the file's metadata's."""
         return gguf_file_tokenizer(self.path) if self.kind == "gguf" else folder_tokenizer(self.path)
 
-    def chat_template(self):
-        """Lesson 13's ChatTemplate, with this tokenizer; a ChatTemplateError (a ValueError) when there is none."""
+    def chat_template(self, tokenizer=None):
+        """Lesson 13's ChatTemplate, with this tokenizer (`tokenizer`, when it is read already: it is not read
+        twice); a ChatTemplateError (a ValueError) when there is none."""
         if self.kind == "gguf":
-            return gguf_chat_template(self.path)  # lesson 16: the metadata's, or the folder beside's
-        return ChatTemplate.from_folder(self.path)
+            return gguf_chat_template(self.path, tokenizer)  # lesson 16: the metadata's, or the folder beside's
+        return ChatTemplate.from_folder(self.path, tokenizer)
 
     def check_blocks(self, device, dtype, asked_by: str = "blocks=True") -> None:
         """What `blocks=True` needs, checked before anything loads: a .gguf file, on the CPU in float32 (lesson

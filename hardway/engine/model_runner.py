@@ -11,6 +11,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -127,13 +128,10 @@ class CompiledDecode:
     size is used once it is in `ready`, read from `state`, the CompileState that the compile replaces as it goes."""
 
     def __init__(self, model: CausalLM, cache: PagedKVCache, batch_sizes=(1,), backend=None):
-        self.cache, self.batch_sizes, self.model = cache, sorted(batch_sizes), model
-        # One compiled step per size: each compiles its own graph once, and is only ever called with the same model
-        # and cache, so the guards on their modules' attributes, checked before every call (milliseconds per step),
-        # are skipped; the guards on the tensors' shapes stay. No CUDA graphs: S changes at every step.
-        guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        self.graphs = {b: compiled_step(paged_decode_step, cache.device, b, backend, cuda_graphs=False, options=guards)
-                       for b in self.batch_sizes}
+        self.cache, self.batch_sizes, self.model, self.backend = cache, sorted(batch_sizes), model, backend
+        # each size's compiled step, made by compile_now where it compiles (in the background: in the compile's
+        # thread, since making the first imports torch's compiler, most of a second that no request should wait for)
+        self.graphs: dict[int, Callable] = {}
         self.state = CompileState(compiling=tuple(self.batch_sizes))  # replaced whole at each change, never changed
         self.thread: threading.Thread | None = None  # compile_in_background's thread
         self.gate = CompileGate()  # where that thread gives way to the engine's steps
@@ -178,8 +176,14 @@ class CompiledDecode:
         Each size is ready as soon as it is compiled. `cache`: the pool to compile on (default the engine's); a graph
         compiled on a twin of the pool (same type and shapes) serves the pool itself: its guards check the shapes,
         not which pool."""
+        # One compiled step per size: each compiles its own graph once, and is only ever called with the same model
+        # and cache, so the guards on their modules' attributes, checked before every call (milliseconds per step),
+        # are skipped; the guards on the tensors' shapes stay. No CUDA graphs: S changes at every step.
+        guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         with torch.inference_mode():
             for size in self.batch_sizes:
+                self.graphs[size] = compiled_step(paged_decode_step, self.cache.device, size, self.backend,
+                                                  cuda_graphs=False, options=guards)
                 self(torch.zeros(0, 1, dtype=torch.long), [], size, cache=cache)
                 ready = self.state.ready | {size}
                 self.state = CompileState(ready, tuple(b for b in self.batch_sizes if b not in ready))  # published

@@ -344,7 +344,7 @@ class Gemma3(Llama):
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "Gemma3":
         config = Gemma3Config.from_dict(checkpoint.config)
         config.eos_token_ids = checkpoint.eos_token_ids
-        with torch.device("meta"):
+        with shapes_only():
             model = cls(config)
         model = assign_weights(model, checkpoint.tensors, gemma3_names(config))
         device = model.tok_emb.weight.device  # the meta skeleton had no frequencies: compute them, fp32, here

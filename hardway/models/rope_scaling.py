@@ -221,9 +221,14 @@ ROPE_FUNCTIONS = {"default": default_parameters, "linear": linear_parameters, "d
 
 def rope_parameters(config, seq_len=None, device=None) -> tuple[torch.Tensor, float]:
     """(inv_freq (d/2,) fp32, attention_scaling) for a config with head_dim, rope_theta, rope_scaling (None or a
-    rope_scaling_from dict) and max_position_embeddings: the function of its rope_type."""
+    rope_scaling_from dict) and max_position_embeddings: the function of its rope_type, on `device` (None: torch's
+    default device). For a model built with shapes only (the meta device) the few numbers are computed on the CPU and
+    moved: arithmetic on the meta device would import torch's compiler, most of a second of start-up."""
     params = {"rope_theta": config.rope_theta, **(config.rope_scaling or {"rope_type": "default"})}
-    return ROPE_FUNCTIONS[params["rope_type"]](params, config.head_dim, config.max_position_embeddings, seq_len, device)
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    inv_freq, scaling = ROPE_FUNCTIONS[params["rope_type"]](params, config.head_dim, config.max_position_embeddings,
+                                                            seq_len, "cpu" if target.type == "meta" else target)
+    return inv_freq.to(target), scaling
 
 
 def length_dependent_inv_freq(rope, positions) -> torch.Tensor:

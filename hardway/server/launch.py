@@ -148,7 +148,7 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
     def read_text_files():
         tokenizer = source.tokenizer()
         try:
-            chat = source.chat_template()
+            chat = source.chat_template(tokenizer)
         except (ChatTemplateError, OSError):
             chat = None  # a base model: /v1/completions only
         return tokenizer, chat

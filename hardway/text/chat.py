@@ -183,9 +183,11 @@ class ChatTemplate:
         self.tokenizer = tokenizer                          # lesson 02's BPETokenizer (needed by encode)
 
     @classmethod
-    def from_folder(cls, folder) -> ChatTemplate:
+    def from_folder(cls, folder, tokenizer=None) -> ChatTemplate:
+        """The folder's template and special tokens, with `tokenizer` (default: the folder's, read again)."""
         folder = Path(folder)
-        return cls(read_chat_template(folder), read_special_tokens(folder), load_tokenizer(folder))
+        tokenizer = load_tokenizer(folder) if tokenizer is None else tokenizer
+        return cls(read_chat_template(folder), read_special_tokens(folder), tokenizer)
 
     def render(self, messages, add_generation_prompt: bool = False, tools: list[dict] | None = None,
                **variables) -> str:
