@@ -179,7 +179,7 @@ def test_a_bad_setting_in_the_metadata_names_the_gguf_file(tmp_path):
 def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
     from transformers import AutoTokenizer
 
-    from hardway.formats.gguf import gguf_tokenizer
+    from hardway.text.gguf_tokenizer import gguf_tokenizer
 
     ours, theirs = gguf_tokenizer(real), AutoTokenizer.from_pretrained(real.parent, gguf_file=real.name)
     text = "<|im_start|>user\nHow many r's in 'strawberry'? 12345 + 678 =<|im_end|>\n  ünïcödé 🙂\t\tend"
@@ -190,7 +190,7 @@ def test_the_tokenizer_from_the_metadata_is_transformers_reading(real):
 
 
 def test_a_tokenizer_that_is_not_bpe_is_refused(tmp_path):
-    from hardway.formats.gguf import gguf_tokenizer
+    from hardway.text.gguf_tokenizer import gguf_tokenizer
 
     path = write_small(tmp_path / "wp.gguf", **{"tokenizer.ggml.model": ("bert", gguf.GGUFValueType.STRING)})
     with pytest.raises(GGUFError, match="only 'gpt2'"):
@@ -199,7 +199,7 @@ def test_a_tokenizer_that_is_not_bpe_is_refused(tmp_path):
 
 def test_load_tokenizer_reads_a_gguf_alone_from_its_metadata(real):
     from hardway.text.bpe import GPT2Tokenizer
-    from hardway.formats.gguf import gguf_tokenizer
+    from hardway.text.gguf_tokenizer import gguf_tokenizer
     from hardway.formats.hub import checkpoint
     from hardway import load_tokenizer  # the public one: a .gguf too (lesson 10's reads folders only)
 
@@ -221,7 +221,7 @@ def test_load_tokenizer_reads_a_gguf_alone_from_its_metadata(real):
 def test_hardway_generate_runs_a_gguf_file(real, capsys):
     import hardway
     from hardway.cli import main
-    from hardway.formats.gguf import gguf_tokenizer
+    from hardway.text.gguf_tokenizer import gguf_tokenizer
 
     assert main(["generate", "--model", str(real), "The capital of France is", "--max-new-tokens", "6", "--exact"]) == 0
     tokenizer = gguf_tokenizer(real)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from hardway.formats.gguf import gemma3_gguf, gguf_chat_template, gguf_tokenizer, read_gguf
+from hardway.formats.gguf import gemma3_gguf, read_gguf
+from hardway.text.gguf_tokenizer import gguf_chat_template, gguf_tokenizer
 from hardway.formats.hub import models_dir
 from hardway.text.sentencepiece import SentencePieceTokenizer
 from hardway.text.tokenizer import load_tokenizer

@@ -16,6 +16,7 @@ from hardway.models.kv_cache import KVCache
 from hardway.loading import load
 from hardway.decode.sampling import SamplingConfig
 from hardway.engine.block_manager import BlockManager, PoolTooSmallError, slot_of
+from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine
 from hardway.kernels.onednn import MergedAttention, MergedMLP, OneDNNLinear
 from hardway.engine.model_runner import CompileState, ModelRunner
@@ -374,10 +375,11 @@ def test_streamed_text_equals_the_finished_text_with_a_multibyte_stop(gpt2):
     assert "".join(pieces) == seq.text == tok.decode(out)[:tok.decode(out).index(stop)]
 
 
-def watched_graphs(engine):
-    """Wrap each compiled graph of engine's CompiledDecode: record every call's (batch size, real rows), and check
-    that the call changed the pool only in the real rows' slots and the scratch slot. -> the list of records."""
-    cache, calls = engine.runner.cache, []
+def watched_graphs(engine, calls=None):
+    """Wrap each compiled graph of engine's CompiledDecode (made by its compile): record every call's (batch size,
+    real rows) in `calls`, and check that the call changed the pool only in the real rows' slots and the scratch
+    slot. -> the list of records."""
+    cache, calls = engine.runner.cache, [] if calls is None else calls
     for size, graph in list(engine.runner.decode.graphs.items()):
         def watched(model, input_ids, mask, pool, graph=graph, size=size):
             writes = pool.write_slots.tolist()  # (size,): the real rows' slots, then the padding rows'
@@ -454,7 +456,8 @@ def check_answers_across_the_switch(engine, decode, counter, model, tok):
     prompts = [tok.encode(p) for p in PROMPTS[:3]]
     lengths = [6, 9, 12]
     expected = [alone(model, ids, n) for ids, n in zip(prompts, lengths)]
-    calls = watched_graphs(engine)
+    calls = []  # the graphs' calls, once the compile has made them
+    assert decode.graphs == {}, "a compiled step was made before its compile"
     def stats():  # what the server's /stats adds
         return EngineThread.compile_stats(SimpleNamespace(engine=engine))
     assert stats() == {"compiled_batch_sizes": [], "compiling_batch_sizes": [1, 4], "compile_error": None}
@@ -465,6 +468,7 @@ def check_answers_across_the_switch(engine, decode, counter, model, tok):
     pool = engine.runner.cache
     before = [t.clone() for t in pool.k + pool.v]
     decode.compile_in_background().join()
+    watched_graphs(engine, calls)
     assert decode.error is None and decode.ready == {1, 4} and counter.frame_count == 2
     assert stats() == {"compiled_batch_sizes": [1, 4], "compiling_batch_sizes": [], "compile_error": None}
     assert all(torch.equal(a, b) for a, b in zip(before, pool.k + pool.v)), "the compile wrote into the engine's pool"

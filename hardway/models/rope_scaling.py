@@ -225,10 +225,12 @@ def rope_parameters(config, seq_len=None, device=None) -> tuple[torch.Tensor, fl
     default device). For a model built with shapes only (the meta device) the few numbers are computed on the CPU and
     moved: arithmetic on the meta device would import torch's compiler, most of a second of start-up."""
     params = {"rope_theta": config.rope_theta, **(config.rope_scaling or {"rope_type": "default"})}
-    target = torch.device(device) if device is not None else torch.get_default_device()
-    inv_freq, scaling = ROPE_FUNCTIONS[params["rope_type"]](params, config.head_dim, config.max_position_embeddings,
-                                                            seq_len, "cpu" if target.type == "meta" else target)
-    return inv_freq.to(target), scaling
+    place = torch.device(device) if device is not None else torch.get_default_device()
+    computed_on = torch.device("cpu") if place.type == "meta" else place
+    with computed_on:  # every tensor the function makes, there
+        inv_freq, scaling = ROPE_FUNCTIONS[params["rope_type"]](params, config.head_dim,
+                                                                config.max_position_embeddings, seq_len, computed_on)
+    return inv_freq.to(place), scaling
 
 
 def length_dependent_inv_freq(rope, positions) -> torch.Tensor:
