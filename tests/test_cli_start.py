@@ -1,5 +1,5 @@
 """`hardway --help` and argparse's errors answer before torch is imported: the CLI builds its parser from argparse
-and light modules, and each command imports what it runs (issue: start-up under a second)."""
+and light modules, and each command imports what it runs (start-up under a second)."""
 
 import subprocess
 import sys

@@ -12,7 +12,7 @@ from hardway.formats.gguf import gemma3_gguf, read_gguf
 from hardway.text.gguf_tokenizer import gguf_chat_template, gguf_tokenizer
 from hardway.formats.hub import models_dir
 from hardway.text.sentencepiece import SentencePieceTokenizer
-from hardway.text.tokenizer import load_tokenizer
+from hardway import load_tokenizer  # the public one: a .gguf too
 
 
 @pytest.fixture(scope="module")
