@@ -20,10 +20,10 @@ from hardway.contract import (DTYPE_NAMES, CausalLM, Checkpoint, check_device, c
                               eos_token_list, forward_once, read_checkpoint, read_json_object)
 from hardway.errors import ConfigError
 from hardway.formats.gguf import gguf_checkpoint, gguf_config  # lesson 16
-from hardway.text.gguf_tokenizer import gguf_chat_template, gguf_file_tokenizer  # lesson 16
 from hardway.formats.hub import checkpoint
 from hardway.kernels.layout import lay_out_for_decode  # lesson 12
 from hardway.text.chat import ChatTemplate  # lesson 13
+from hardway.text.gguf_tokenizer import gguf_chat_template, gguf_file_tokenizer  # lesson 16
 from hardway.text.tokenizer import load_tokenizer as folder_tokenizer  # lesson 10: a folder's tokenizer files
 
 
