@@ -30,6 +30,9 @@ from hardway.loading import MODEL_CLASSES, CausalLM, load
 folder = sys.argv[1]
 before = set(sys.modules)
 model = load(folder)
+# built with shapes only (no initialisers, RoPE computed on the CPU): nothing on the way imported torch's compiler,
+# most of a second of every start-up
+assert "torch._dynamo" not in sys.modules, "loading a model imported torch._dynamo"
 assert isinstance(model, CausalLM), [m for m in ("config", "max_seq_len", "eos_token_ids", "new_kv_cache", "forward",
                                      "embed", "blocks", "final_norm", "qkv", "from_checkpoint") if not hasattr(model, m)]
 
