@@ -71,12 +71,9 @@ def _say_which_path(args, source, on_blocks: bool, device, dtype) -> None:
 def _load(args, source, device, dtype, compiled: bool | None = None):
     """The model: lesson 06's source.load, on the file's blocks where _on_blocks says so (lesson 26). `compiled`:
     the decode path that will run, whose weight layout (lesson 12) it gets; None: load's own choice."""
-    from hardway.kernels.layout import lay_out_for_decode
-
     on_blocks = _on_blocks(args, source, device, dtype)
     _say_which_path(args, source, on_blocks, device, dtype)
-    model = source.load(device=device, dtype=dtype, blocks=on_blocks)
-    return model if on_blocks or compiled is None else lay_out_for_decode(model, compiled=compiled)
+    return source.load(device=device, dtype=dtype, blocks=on_blocks, compiled=compiled)
 
 
 def _eager(args) -> bool:

@@ -70,7 +70,7 @@ class ModelSource:
     def tokenizer(self):
         """Lesson 02's tokenizer, as lesson 10's load_tokenizer reads a folder; a .gguf's (lesson 16): the folder
         beside it's tokenizer files when it has them, else the file's metadata's."""
-        return gguf_file_tokenizer(self.path) if self.kind == "gguf" else folder_tokenizer(self.path)
+        return load_tokenizer(self.path)  # below in this module: a folder's or a .gguf's
 
     def chat_template(self, tokenizer=None):
         """Lesson 13's ChatTemplate, with this tokenizer (`tokenizer`, when it is read already: it is not read
@@ -88,12 +88,14 @@ class ModelSource:
         if torch.device(device).type != "cpu" or dtype != torch.float32:
             raise ValueError(f"{asked_by} runs on the CPU in float32 (lesson 26's kernel); got {device} and {dtype}")
 
-    def load(self, device="cpu", dtype: torch.dtype = torch.float32, blocks: bool = False) -> CausalLM:
+    def load(self, device="cpu", dtype: torch.dtype = torch.float32, blocks: bool = False,
+             compiled: bool | None = None) -> CausalLM:
         """The model, in eval mode: its tensors read once and cast to `dtype` on `device` (a GGUF's dequantized),
         the class found by model_type, built. `blocks=True` (a .gguf on the CPU in float32): lesson 26's path
         instead, every quantized matrix kept in the file's blocks and multiplied by an int8-rounded row, as
         llama.cpp runs a GGUF: faster and a quarter of the memory, its predictions off the exact ones by the
-        rounding."""
+        rounding. `compiled`: the decode path that will run, whose weight layout (lesson 12) the matrices get, once;
+        None: the layout's own choice."""
         device, dtype = check_device(device), check_dtype(dtype)
         if blocks:
             self.check_blocks(device, dtype)
@@ -106,7 +108,7 @@ class ModelSource:
             model = resolve(model_class(ckpt.config, self.settings)).from_checkpoint(ckpt)
         except ConfigError as e:  # the models check the settings they read; say which file they came from
             raise ConfigError(f"{self.settings}: {e}") from e
-        return lay_out_for_decode(model)  # on CPU in fp32: matrices laid out for decoding; elsewhere unchanged
+        return lay_out_for_decode(model, compiled)  # on CPU in fp32: laid out for decoding; elsewhere unchanged
 
     def from_pretrained_args(self) -> tuple[str, dict]:
         """What transformers' from_pretrained takes to read the same model: the folder, and for a .gguf the

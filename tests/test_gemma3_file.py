@@ -19,6 +19,7 @@ from hardway import chat_cli, cli
 from hardway.decode.generate import generate
 from hardway.formats.gguf import gemma3_gguf
 from hardway.formats.hub import models_dir, shakespeare_path
+from hardway.kernels.layout import lay_out_for_decode
 from hardway.loading import ModelSource, open_model
 from hardway.server.launch import background_server
 from test_gguf_archs import compare
@@ -49,14 +50,14 @@ def opened(loaded, path, monkeypatch) -> list[ModelSource]:
 
     real_load = ModelSource.load
 
-    def load(self, device="cpu", dtype=torch.float32, blocks=False):
+    def load(self, device="cpu", dtype=torch.float32, blocks=False, compiled=None):
         sources.append(self)
         assert self.path.resolve() == path.resolve() and dtype == torch.float32, self
         if blocks:  # lesson 26's path, which verify compares with the exact one
             if "blocks" not in loaded:
                 loaded["blocks"] = real_load(self, device, dtype, blocks=True)
             return loaded["blocks"]
-        return loaded["ours"]
+        return loaded["ours"] if compiled is None else lay_out_for_decode(loaded["ours"], compiled)  # as load lays it out
 
     def load_reference(model, device="cpu", dtype=torch.float32):
         source = open_model(model)

@@ -65,11 +65,11 @@ def opened(loaded, monkeypatch) -> list[ModelSource]:
     real_load, real_reference = ModelSource.load, verify_module.load_reference
     sources = []
 
-    def load(self, device="cpu", dtype=torch.float32, blocks=False):
+    def load(self, device="cpu", dtype=torch.float32, blocks=False, compiled=None):
         sources.append(self)
-        key = ("ours", weights_file(self), str(dtype), blocks)
+        key = ("ours", weights_file(self), str(dtype), blocks, compiled)
         if key not in loaded:
-            loaded[key] = real_load(self, device, dtype, blocks=blocks)
+            loaded[key] = real_load(self, device, dtype, blocks=blocks, compiled=compiled)
         return loaded[key]
 
     def load_reference(model, device="cpu", dtype=torch.float32):

@@ -17,7 +17,6 @@ import uvicorn
 
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
-from hardway.kernels.layout import lay_out_for_decode
 from hardway.loading import open_model
 from hardway.server.app import create_app
 from hardway.server.worker import EngineThread
@@ -141,9 +140,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
     source = open_model(model_id)  # lesson 06: a hub id, a folder or a .gguf file (lesson 16), found and checked
 
     def load_model():
-        model = source.load(device=device, dtype=dtype, blocks=gguf_blocks)  # blocks: lesson 26
-        # lesson 12's layout for the path that will run: a no-op where `load` chose it already
-        return model if gguf_blocks else lay_out_for_decode(model, compiled=bool(config.compile_sizes))
+        # blocks: lesson 26; the weights laid out once, for the path that will run (lesson 12)
+        return source.load(device=device, dtype=dtype, blocks=gguf_blocks, compiled=bool(config.compile_sizes))
 
     def read_text_files():
         tokenizer = source.tokenizer()
