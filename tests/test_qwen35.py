@@ -169,3 +169,29 @@ def test_load_reports_a_bad_layer_type_on_the_command_line(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "sliding_attention" in result.stderr.strip().splitlines()[-1]
+
+
+def test_the_hubs_image_and_text_checkpoint_loads_its_text_model(tmp_path):
+    """Qwen3.5 as the hub ships it (Qwen3_5ForConditionalGeneration: a vision tower, the text model under
+    model.language_model., its settings under text_config), and a text file with multi-token-prediction layers."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    text = {k: v for k, v in {**TINY, **CASES["3-linear-1-full-untied"]}.items() if k not in ("bos_token_id",)}
+    torch.manual_seed(0)
+    both = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
+        text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2,
+                                             out_hidden_size=64), tie_word_embeddings=False))
+    randomize(both).save_pretrained(tmp_path / "both")
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "both").eval()  # transformers' text model of it
+    ours = load(tmp_path / "both")
+    ids = prompt(100)
+    with torch.inference_mode():
+        assert (ours(ids) - theirs(ids).logits).abs().max() <= MAX_DELTA
+    text_only = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text))  # the same weights in a text-only file, then a draft
+    text_only.load_state_dict(theirs.state_dict())              # layer added, as the hub's text files have
+    text_only.save_pretrained(tmp_path / "text")
+    tensors = load_file(tmp_path / "text" / "model.safetensors")
+    save_file({**tensors, "mtp.fc.weight": torch.zeros(64, 128)}, tmp_path / "text" / "model.safetensors",
+              metadata={"format": "pt"})
+    with torch.inference_mode():
+        assert (load(tmp_path / "text")(ids) - theirs(ids).logits).abs().max() <= MAX_DELTA

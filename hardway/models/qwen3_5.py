@@ -412,6 +412,7 @@ class Qwen35(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "Qwen35":
+        checkpoint = text_model_checkpoint(checkpoint)  # the text model alone, as the hub ships it or not
         config = qwen35_config(checkpoint.config)
         config.eos_token_ids = checkpoint.eos_token_ids
         with shapes_only():
@@ -441,3 +442,24 @@ def qwen35_names(config: Qwen35Config) -> dict[str, str]:
             for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
                 names[hub + f"self_attn.{name}.weight"] = ours + f"attn.{name}.weight"
     return names
+
+
+def text_model_checkpoint(checkpoint: Checkpoint) -> Checkpoint:
+    """The text model of a Qwen3.5 checkpoint, under the names of Qwen3_5ForCausalLM: without the multi-token-
+    prediction layers (mtp.*), and, for images and text (model_type "qwen3_5"), with text_config as the config (the
+    file's dtype and tie_word_embeddings where text_config lacks them) and without the vision tower."""
+    config = checkpoint.config
+    prefix = "model."
+    if config.get("model_type") == "qwen3_5":
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError("model_type 'qwen3_5' without a text_config object: not a Qwen3.5 checkpoint")
+        inherited = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in config and k not in text}
+        config, prefix = {**inherited, **text, "model_type": "qwen3_5_text"}, "model.language_model."
+    tensors = {}
+    for name, tensor in checkpoint.tensors.items():
+        if name.startswith(prefix) and not name.startswith("model.visual."):
+            tensors["model." + name[len(prefix):]] = tensor
+        elif not name.startswith(("mtp.", "model.")):  # lm_head.weight; anything unknown is reported by the loader
+            tensors[name] = tensor
+    return dataclasses.replace(checkpoint, config=config, tensors=tensors)
