@@ -453,9 +453,12 @@ def rewrite(source_path: Path, path: Path, drop=(), shapes=None, metadata=None, 
 def test_a_file_that_does_not_fit_its_metadata_is_one_line(folders, tmp_path, change, error, message):
     good = write_qwen35_gguf(folders["plain"], tmp_path / "good.gguf", mtp=False)
     bad = rewrite(good, tmp_path / "bad.gguf", **change)
-    with pytest.raises(error) as e:
-        gguf_checkpoint(bad)
-    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    import hardway
+
+    for read in (gguf_checkpoint, hardway.load):
+        with pytest.raises(error) as e:
+            read(bad)
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_the_layer_layout_falls_back_on_the_interval(folders, tmp_path):
@@ -466,3 +469,57 @@ def test_the_layer_layout_falls_back_on_the_interval(folders, tmp_path):
     assert gguf_config(no_list)["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]  # the default, 4
     with pytest.raises(CheckpointError, match="blk.1.attn_qkv.weight is missing"):
         gguf_checkpoint(no_list)  # this file's layer 1 attends: without its list, the file does not fit
+
+
+IDS = torch.tensor([[5, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 261, 7, 200]])  # (1, 16)
+
+
+def test_the_f32_file_is_the_folder_and_transformers(folders, tmp_path):
+    """hardway.load of the f32 file against hardway.load of the folder it came from, and against transformers'
+    model of that folder. The file's weights differ from the folder's only by the roundings of 1 + w (2^-24 at most
+    for these norms) and of exp/log in A_log (a few ulps): logits of order 1 move by ~1e-6, so 1e-5 both ways."""
+    import hardway
+    from transformers import AutoModelForCausalLM
+
+    # the file with the draft block, which is not read; the folder without it (the same weights otherwise)
+    path = write_qwen35_gguf(folders["mtp"], tmp_path / "f32.gguf")
+    reference = AutoModelForCausalLM.from_pretrained(folders["plain"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = reference(IDS).logits
+        from_folder, from_file = hardway.load(folders["plain"])(IDS), hardway.load(path)(IDS)
+    assert (from_file - from_folder).abs().max().item() < 1e-5
+    assert (from_file - theirs).abs().max().item() < 1e-5
+    assert torch.equal(from_file.argmax(-1), theirs.argmax(-1))
+
+
+def test_the_q8_0_file_is_within_its_rounding(folders, tmp_path):
+    """hardway.load of the q8_0 file against the f32 one. Q8_0 moves each weight by at most half its block's step,
+    d / 2 (d = max|w| / 127 over 32 weights), in a way that behaves as noise. The yardstick is that noise itself: the
+    f32 checkpoint with every quantized matrix moved by uniform noise in [-d/2, d/2] of its own blocks, five draws. The
+    q8_0 file's logits may be off the f32 ones by no more than twice the largest of those draws."""
+    import hardway
+    from hardway.models.qwen3_5 import Qwen35
+
+    f32_path = write_qwen35_gguf(folders["plain"], tmp_path / "f32.gguf", mtp=False)
+    q8_path = write_qwen35_gguf(folders["plain"], tmp_path / "q8_0.gguf", "q8_0", mtp=False)
+    quantized = {hub for hub in gguf_checkpoint(f32_path).tensors
+                 if any(info.type_name == "Q8_0" and name_of(name) == hub
+                        for name, info in read_gguf(q8_path).tensors.items())}
+    with torch.no_grad():
+        exact = hardway.load(f32_path)(IDS)
+        delta = (hardway.load(q8_path)(IDS) - exact).abs().max().item()
+        generator, noise = torch.Generator().manual_seed(0), []
+        for _ in range(5):
+            ckpt = gguf_checkpoint(f32_path)
+            for hub in quantized:
+                w = ckpt.tensors[hub]  # (out, in): blocks of 32 along each row, in either order the same sizes
+                d = w.reshape(w.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 127  # (out, blocks, 1)
+                u = torch.rand(w.shape[0], w.shape[1] // 32, 32, generator=generator) - 0.5
+                ckpt.tensors[hub] = w + (u * d).reshape(w.shape)
+            noise.append((Qwen35.from_checkpoint(ckpt)(IDS) - exact).abs().max().item())
+    assert 0 < delta <= 2 * max(noise), (delta, noise)
+
+
+def name_of(file_name: str) -> str:
+    from hardway.formats.gguf import hub_name
+    return hub_name(file_name, "qwen35")
