@@ -319,6 +319,9 @@ def hub_name(gguf_name: str, arch: str = "llama") -> str:
     layer_names = ARCHITECTURES[arch].layer_names
     if len(parts) == 2 and parts[0] in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[parts[0]]}.{parts[1]}"
+    whole = ".".join(parts[2:])  # a name the table maps with its suffix: Qwen3.5's ssm_a has none (lesson 28)
+    if len(parts) in (3, 4) and parts[0] == "blk" and parts[1].isdigit() and whole in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[whole]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
         name = f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
         return name if layer_names[parts[2]].startswith("mlp.experts.") else f"{name}.{parts[3]}"  # experts: no .weight
@@ -330,10 +333,18 @@ def architecture(file: GGUFFile) -> tuple[str, Architecture]:
     arch = file.metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{file.path}: general.architecture is {arch!r}; supported: {', '.join(ARCHITECTURES)}")
-    missing = [k for k in Architecture.needed(arch) if k not in file.metadata]
+    missing = [k for k in ARCHITECTURES[arch].needed(arch) if k not in file.metadata]
     if missing:
         raise GGUFError(f"{file.path}: metadata has no {missing}")
     return arch, ARCHITECTURES[arch]
+
+
+def in_model(name: str, config: dict) -> bool:
+    """Whether a tensor of the file is part of the causal LM its config describes: not a block past
+    num_hidden_layers, which is a draft head llama.cpp's converter may append (`<arch>.nextn_predict_layers`: Qwen3.5's
+    multi-token prediction block, lesson 28) and transformers' model does not read either."""
+    parts = name.split(".")
+    return not (parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= config["num_hidden_layers"])
 
 
 def gguf_config(path) -> dict:
@@ -354,8 +365,11 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, plac
     config = table.config(file.metadata, arch, set(file.tensors))
     heads = {"self_attn.q_proj.weight": config["num_attention_heads"],
              "self_attn.k_proj.weight": config["num_key_value_heads"]}
+    names = [name for name in file.tensors if in_model(name, config)]
+    if table.check is not None:  # before anything is read: a tensor missing or misshapen is one line, not a traceback
+        table.check(config, {name: file.tensors[name].shape for name in names})
     tensors, halves = {}, {}
-    for name in file.tensors:
+    for name in names:
         hub, kind = hub_name(name, arch), name.split(".")[-2]  # kind: "attn_q", "ffn_up_exps", "token_embd"...
         if name in placeholders:
             tensors[hub] = torch.empty(file.tensors[name].shape, device=device, dtype=dtype)
@@ -366,6 +380,8 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, plac
             w = unpermute_qk(w, heads[suffix])
         if table.norm_plus_one and name.endswith("norm.weight"):
             w = w - 1  # Gemma's RMSNorm multiplies by (1 + weight); the converter stored 1 + weight
+        if table.restore is not None:
+            w = table.restore(hub, w, config)
         if kind in FUSED_HALVES:
             halves.setdefault(hub, [None, None])[FUSED_HALVES[kind]] = w  # (experts, ff, hidden)
             continue

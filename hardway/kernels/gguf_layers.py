@@ -12,7 +12,7 @@ import itertools
 import torch
 import torch.nn as nn
 
-from hardway.formats.gguf import GGUFError, GGUFFile, architecture, gguf_config, hub_name
+from hardway.formats.gguf import GGUFError, GGUFFile, architecture, gguf_config, hub_name, in_model
 from hardway.formats.gguf_quants import DEQUANTIZE
 from hardway.kernels.gguf_blocks import KERNEL_TYPES, TYPE_IDS
 from hardway.kernels.layout import empty_on_huge_pages
@@ -136,8 +136,11 @@ def kept_matrices(file: GGUFFile) -> dict[str, str]:
     """{the file's name: hub name} of the matrices load_gguf_blocks keeps as blocks: the linear layers' weights and
     the token table (and an untied head), in a type the kernel multiplies."""
     arch, _ = architecture(file)
+    config = gguf_config(file)
     kept = {}
     for name, info in file.tensors.items():
+        if not in_model(name, config):  # a draft head's block (lesson 28): not part of the model
+            continue
         hub = hub_name(name, arch)
         is_matrix = hub.endswith("_proj.weight") or hub in ("model.embed_tokens.weight", "lm_head.weight")
         if info.type_name in KERNEL_TYPES and len(info.dims) == 2 and is_matrix and ".experts." not in hub:
