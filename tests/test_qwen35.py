@@ -100,9 +100,10 @@ def test_logits_and_greedy_tokens_equal_transformers(case, tmp_path):
     with torch.inference_mode():
         delta = (ours(ids) - theirs(ids).logits).abs().max().item()
         assert delta <= MAX_DELTA, delta
-        expected = theirs.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None, min_new_tokens=30)
-        assert torch.equal(generate(ours, ids, 30, eos_token_id=None), expected)
-        assert torch.equal(generate(ours, ids, 30, eos_token_id=None, use_cache=False), expected)
+        ids = ids[:, :130]  # two chunks and a part: the greedy tokens follow a state carried across chunks
+        expected = theirs.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, min_new_tokens=20)
+        assert torch.equal(generate(ours, ids, 20, eos_token_id=None), expected)
+        assert torch.equal(generate(ours, ids, 8, eos_token_id=None, use_cache=False), expected[:, :138])
 
 
 def test_a_left_padded_batch_equals_each_row_alone_and_transformers(tmp_path):
@@ -134,7 +135,7 @@ def test_the_state_carries_across_passes_and_cannot_rewind(tmp_path):
             ours(ids[:, :3], kv_cache=cache, start_pos=40)
         again = ours(ids[:, :70], kv_cache=cache)  # start_pos 0: starts over
         assert (again - whole[:, :70]).abs().max() <= MAX_DELTA
-    assert cache.state_nbytes == sum(t.nbytes for t in cache.conv + cache.recurrent) > 0
+    assert cache.state.nbytes == sum(t.nbytes for t in cache.state.conv + cache.state.recurrent) > 0
 
 
 def config_dict(**changes):
@@ -195,3 +196,18 @@ def test_the_hubs_image_and_text_checkpoint_loads_its_text_model(tmp_path):
               metadata={"format": "pt"})
     with torch.inference_mode():
         assert (load(tmp_path / "text")(ids) - theirs(ids).logits).abs().max() <= MAX_DELTA
+
+
+def test_the_earlier_lessons_caches_get_a_state_of_their_own(tmp_path):
+    """Lesson 12's compiled step (its static cache knows only keys and values) and lesson 24's int8 cache: the model
+    gives each an empty state on its first pass, and the tokens are generate's."""
+    from hardway.decode.static import StaticDecodeStep
+    make_checkpoint(tmp_path, "3-linear-1-full-untied")
+    ours = load(tmp_path)
+    ids = prompt(50)
+    with torch.inference_mode():
+        expected = generate(ours, ids, 20, eos_token_id=None)
+        step = StaticDecodeStep(ours, max_len=70, backend="eager")  # dynamo traces the step: one graph, no breaks
+        assert torch.equal(step.generate(ids, 20, eos_token_id=None), expected)
+        assert step.kv_cache.state.position == 50  # the eager prefill's; the compiled steps do not count
+        assert torch.equal(generate(ours, ids, 20, eos_token_id=None, kv_cache_dtype="int8")[:, :51], expected[:, :51])

@@ -20,7 +20,7 @@ from hardway.contract import Checkpoint, shapes_only
 from hardway.errors import ConfigError, check_int
 from hardway.models.gemma3 import GemmaRMSNorm
 from hardway.models.kv_cache import KVCache
-from hardway.models.gpt2 import check_token_ids, positions_and_mask
+from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
 from hardway.models.llama import MLP, ModelConfig, RotaryEmbedding, apply_rope, assign_weights, causal_attention
 
 
@@ -262,6 +262,8 @@ class GatedAttention(nn.Module):
         q, k, v, gate = self.qkv(x, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.cache_idx, start_pos, k, v)  # (B, n_kv_head, S, d)
+        if mask is None and getattr(kv_cache, "returns_every_slot", False):  # lesson 12's static cache: all its slots
+            mask = causal_mask(T, k.shape[2], device=x.device, start_pos=start_pos)  # (T, S)
         y = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, H*d)
         return self.o_proj(y * torch.sigmoid(gate))  # (B, T, C)
 
@@ -282,59 +284,61 @@ class Qwen35Block(nn.Module):
         self.mlp_norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache=None, start_pos=0, mask=None, n_pad=None):  # x: (B, T, C)
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None, n_pad=None, state=None):  # x: (B, T, C)
+        """kv_cache: the full-attention layers' keys and values; state: the Gated DeltaNet layers' RecurrentState."""
         h = self.attn_norm(x)
         if self.linear:
             idx = self.delta_net.state_idx
-            h, state = self.delta_net(h, None if cache is None else cache.read_state(idx), n_pad)
-            if cache is not None:
-                cache.write_state(idx, *state)
+            h, new_state = self.delta_net(h, None if state is None else state.read(idx), n_pad)
+            if state is not None:
+                state.write(idx, *new_state)
         else:
-            h = self.attn(h, cos, sin, cache, start_pos, mask)
+            h = self.attn(h, cos, sin, kv_cache, start_pos, mask)
         x = x + h
         return x + self.mlp(self.mlp_norm(x))  # (B, T, C)
 
 
-class HybridCache(KVCache):
-    """Lesson 08's KVCache for the full-attention layers only, and beside it the Gated DeltaNet layers' state: per
-    layer and row, the convolution's last K - 1 inputs and the (H_v, d_k, d_v) recurrent matrices (fp32). The
-    KV part grows with the positions; the state does not.
+class RecurrentState:
+    """The Gated DeltaNet layers' memory of a batch: per layer and row, the convolution's last K - 1 inputs and the
+    (H_v, d_k, d_v) recurrent matrices, fp32. It sits beside a KV cache, as its `state`: the cache holds the
+    full-attention layers' keys and values and grows with the positions; the state does not.
 
     A state cannot go back: it holds positions 0..position-1 folded together, so a pass must start where the last
     one ended (or at 0, which starts over)."""
 
-    def __init__(self, model: "Qwen35", batch_size: int, max_len: int):
-        c, w = model.config, model.tok_emb.weight
-        n_attention = max(1, c.layer_types.count("full_attention"))
-        super().__init__(n_attention, batch_size, max_len, c.num_key_value_heads, c.head_dim, w.dtype, w.device)
-        layers = [b.delta_net for b in model.blocks if b.linear]
-        zeros = [net.zero_state(batch_size, w.device) for net in layers]
+    def __init__(self, model: "Qwen35", batch_size: int):
+        device = model.tok_emb.weight.device
+        zeros = [block.delta_net.zero_state(batch_size, device) for block in model.blocks if block.linear]
         self.conv = [conv for conv, _ in zeros]             # n_linear x (B, conv_dim, K - 1)
         self.recurrent = [state for _, state in zeros]      # n_linear x (B, H_v, d_k, d_v)
         self.position = 0
 
-    def begin(self, start_pos: int, n_new: int, n_pad=None):
+    def begin(self, start_pos, n_new: int, n_pad=None):
         """Check that a pass of n_new tokens at start_pos continues the state (start_pos 0: start over) -> n_pad,
         each row's padding columns (B,) or None, as the model computed them from its attention mask."""
-        if start_pos == 0:
+        if torch.compiler.is_compiling():  # lesson 12's compiled one-token step: generate, its caller, keeps the order
+            return n_pad
+        start = int(start_pos)
+        if start == 0:
             for t in self.conv + self.recurrent:
                 t.zero_()
-        elif start_pos != self.position:
+        elif start != self.position:
             raise ValueError(f"this cache's recurrent state holds positions 0..{self.position - 1}; a pass at "
-                             f"start_pos={start_pos} would skip or repeat positions, and a state cannot rewind")
-        self.position = start_pos + n_new
+                             f"start_pos={start} would skip or repeat positions, and a state cannot rewind")
+        self.position = start + n_new
         return n_pad
 
-    def read_state(self, idx: int):
+    def read(self, idx: int):
+        """Layer idx's state: (conv (B, conv_dim, K - 1), recurrent (B, H_v, d_k, d_v))."""
         return self.conv[idx], self.recurrent[idx]
 
-    def write_state(self, idx: int, conv, recurrent) -> None:
-        self.conv[idx].copy_(conv)
+    def write(self, idx: int, conv, recurrent) -> None:
+        self.conv[idx].copy_(conv)  # in place: a compiled step writes into the very tensors it read
         self.recurrent[idx].copy_(recurrent)
 
     @property
-    def state_nbytes(self) -> int:
-        """Memory the states hold: the same for 10 positions as for 100,000."""
+    def nbytes(self) -> int:
+        """Memory the state holds: the same for 10 positions as for 100,000."""
         return sum(t.nbytes for t in self.conv + self.recurrent)
 
 
@@ -365,23 +369,24 @@ class Qwen35(nn.Module):
         """input_ids (B, T) at positions start_pos.. -> logits (B, T, V), or (B, 1, V) with last_only.
         attention_mask (B, start_pos + T), 1 for real tokens: left padding, as lesson 13's batches."""
         B, T = input_ids.shape
-        start = int(start_pos)
-        if start < 0 or start + T > self.max_seq_len:
-            raise ValueError(f"positions {start}..{start + T - 1} do not fit: this model has "
-                             f"max_seq_len={self.max_seq_len}")
-        if start and kv_cache is None:
-            raise ValueError("start_pos > 0 needs the cache holding the earlier positions")
+        if not isinstance(start_pos, torch.Tensor):  # a position tensor (lesson 12) is checked by its cache
+            if start_pos < 0 or start_pos + T > self.max_seq_len:
+                raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit: this model has "
+                                 f"max_seq_len={self.max_seq_len}")
+            if start_pos and kv_cache is None:
+                raise ValueError("start_pos > 0 needs the cache holding the earlier positions")
+        state = None if kv_cache is None else self.state_of(kv_cache, B)
         n_pad = None if attention_mask is None else T - attention_mask[:, -T:].sum(dim=1)  # (B,) left padding
-        if hasattr(kv_cache, "begin"):  # a cache with a state: it checks the positions (and may know the padding)
-            n_pad = kv_cache.begin(start, T, n_pad)
+        if state is not None:  # it checks the positions follow on (and may know each row's padding itself)
+            n_pad = state.begin(start_pos, T, n_pad)
         x = self.embed(input_ids)  # (B, T, C)
         if attention_mask is None:
-            positions, mask = start + torch.arange(T, device=x.device), None  # (T,)
+            positions, mask = start_pos + torch.arange(T, device=x.device), None  # (T,)
         else:
-            positions, mask = positions_and_mask(attention_mask, input_ids, start)  # (B, T), (B, 1, T, S)
+            positions, mask = positions_and_mask(attention_mask, input_ids, start_pos)  # (B, T), (B, 1, T, S)
         cos, sin = self.rope(positions, x.dtype)  # (T, rotary_dim) or (B, 1, T, rotary_dim)
         for block in self.blocks:
-            x = block(x, cos, sin, kv_cache, start_pos, mask, n_pad)
+            x = block(x, cos, sin, kv_cache, start_pos, mask, n_pad, state)
         x = self.final_norm(x)
         if last_only:
             x = x[:, -1:, :]
@@ -398,11 +403,24 @@ class Qwen35(nn.Module):
         cos, sin = self.rope(torch.arange(x.shape[1], device=x.device), x.dtype)  # (T, rotary_dim) each
         return block.attn.qkv(block.attn_norm(x), cos, sin)[:3]
 
-    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> HybridCache:
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """Lesson 08's KVCache for the full-attention layers only (a quarter of them), with the Gated DeltaNet
+        layers' RecurrentState beside it as its `state`."""
         max_len = self.max_seq_len if max_len is None else max_len
         if max_len > self.max_seq_len:
             raise ValueError(f"max_len={max_len} is longer than this model's max_seq_len={self.max_seq_len}")
-        return HybridCache(self, batch_size, max_len)
+        c, w = self.config, self.tok_emb.weight
+        n_attention = max(1, c.layer_types.count("full_attention"))
+        cache = KVCache(n_attention, batch_size, max_len, c.num_key_value_heads, c.head_dim, w.dtype, w.device)
+        cache.state = RecurrentState(self, batch_size)
+        return cache
+
+    def state_of(self, kv_cache, batch_size: int) -> RecurrentState:
+        """kv_cache's RecurrentState. A cache made by code that knows only keys and values (lesson 12's static cache
+        and lesson 24's int8 one, each made in the shapes of new_kv_cache's) gets an empty one on its first pass."""
+        if getattr(kv_cache, "state", None) is None:
+            kv_cache.state = RecurrentState(self, batch_size)
+        return kv_cache.state
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
