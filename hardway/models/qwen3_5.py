@@ -20,8 +20,9 @@ from hardway.contract import Checkpoint, shapes_only
 from hardway.errors import ConfigError, check_int
 from hardway.models.gemma3 import GemmaRMSNorm
 from hardway.models.kv_cache import KVCache
-from hardway.models.gpt2 import causal_mask, check_token_ids, positions_and_mask
-from hardway.models.llama import MLP, ModelConfig, RotaryEmbedding, apply_rope, assign_weights, causal_attention
+from hardway.models.gpt2 import causal_mask, positions_and_mask
+from hardway.models.llama import (MLP, Llama, ModelConfig, RotaryEmbedding, apply_rope, assign_weights,
+                                  causal_attention)
 
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -342,11 +343,12 @@ class RecurrentState:
         return sum(t.nbytes for t in self.conv + self.recurrent)
 
 
-class Qwen35(nn.Module):
-    """Qwen3.5's text model: embeddings, Qwen35Blocks, a final (1 + w) RMSNorm, the head."""
+class Qwen35(Llama):
+    """Qwen3.5's text model: embeddings, Qwen35Blocks, a final (1 + w) RMSNorm, the head. Lesson 09's Llama gives the
+    plumbing (embed, max_seq_len, eos_token_ids, moves); the pass, the cache and the attention inputs are its own."""
 
     def __init__(self, config: Qwen35Config):
-        super().__init__()
+        nn.Module.__init__(self)
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.hidden_size)
         self.rope = RotaryEmbedding(dataclasses.replace(config, head_dim=config.rotary_dim))  # (T, rotary_dim)
@@ -356,14 +358,6 @@ class Qwen35(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.sliding_windows = (None,) * config.num_hidden_layers
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.config.max_position_embeddings
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        return list(self.config.eos_token_ids)
 
     def forward(self, input_ids, kv_cache=None, start_pos=0, last_only: bool = False, attention_mask=None):
         """input_ids (B, T) at positions start_pos.. -> logits (B, T, V), or (B, 1, V) with last_only.
@@ -392,11 +386,6 @@ class Qwen35(nn.Module):
             x = x[:, -1:, :]
         return self.lm_head(x)
 
-    def embed(self, input_ids, start_pos: int = 0):
-        """input_ids (B, T) -> the residual stream entering block 0, (B, T, C)."""
-        check_token_ids(input_ids, self.tok_emb)
-        return self.tok_emb(input_ids)
-
     def qkv(self, layer: int, x):
         """Full-attention layer `layer`'s rotated q, k and v for the stream x (B, T, C) entering it at 0..T-1."""
         block = self.blocks[layer]
@@ -421,12 +410,6 @@ class Qwen35(nn.Module):
         if getattr(kv_cache, "state", None) is None:
             kv_cache.state = RecurrentState(self, batch_size)
         return kv_cache.state
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        if self.config.tie_word_embeddings and type(self.lm_head) is nn.Linear:
-            self.lm_head.weight = self.tok_emb.weight
-        return self
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "Qwen35":
