@@ -15,7 +15,8 @@ from hardway.decode.generate import generate
 from hardway.errors import ConfigError
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.models.qwen3_5 import Qwen35, delta_rule_chunked, delta_rule_recurrent, qwen35_config
+from hardway.models.gated_deltanet import delta_rule_chunked, delta_rule_recurrent
+from hardway.models.qwen3_5 import Qwen35, qwen35_config
 
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
             head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,

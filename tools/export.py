@@ -52,8 +52,8 @@ DIRECTIVE = re.compile(r"^#\|\s*(\S+)\s*(.*?)\s*$")
 PACKAGES = {
     "formats": "Files on disk: safetensors, the model hub's folders, GGUF.",
     "text": "Text and tokens: BPE tokenizers, chat templates, incremental detokenizing.",
-    "models": "The models, one file each: GPT-2, the Llama family, Qwen3, Gemma 3 and the mixtures of experts; the KV "
-              "cache they write.",
+    "models": "The models, one file each: GPT-2, the Llama family, Qwen3, Gemma 3, the mixtures of experts and Qwen3.5; "
+              "the KV cache they write; the Gated DeltaNet layer, which keeps a state instead.",
     "decode": "Turning a model into text: sampling, generate, the static decoder, speculative decoding.",
     "kernels": "How the products run fast: weight layouts, oneDNN, the C loops, quantized weights, compile backends.",
     "engine": "The serving engine: block manager, scheduler, paged cache, model runner, outputs, the engine's step.",

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from hardway.exercises.verdict import Wrong, attempt, exercise_check, expect_tensor
-from hardway.models.qwen3_5 import Qwen35, delta_rule_recurrent, qwen35_config
+from hardway.models.gated_deltanet import delta_rule_recurrent
+from hardway.models.qwen3_5 import Qwen35, qwen35_config
 
 
 def delta_step_cases():
