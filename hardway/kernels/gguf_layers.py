@@ -217,7 +217,7 @@ def qwen35_block_moves(hub: str, type_name: str, config: dict):
     if kind == "linear_attn.out_proj.weight":
         width = TENSOR_TYPES[TYPE_IDS[type_name]][1]  # weights a block
         if d_v % width:
-            return None  # a block would hold parts of two value heads: the converter's order cannot be undone in blocks
+            return None  # a block holds parts of two value heads: no order of whole blocks is the hub's
         return None, grouped_value_heads(torch.arange(n_v * d_v // width), 0, config, d_v // width)
     keys = 2 * n_k * config["linear_key_head_dim"]  # in_proj_qkv's q and k rows, which stay where they are
     rows = {"linear_attn.in_proj_qkv.weight": torch.cat([torch.arange(keys), keys + grouped_value_heads(
