@@ -212,8 +212,8 @@ def qwen35_block_moves(hub: str, type_name: str, config: dict):
     when d_v is a multiple of the block's width (Q8_0's 32, not a K-quant's 256 when d_v is 128)."""
     n_k, n_v, d_v = (config[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_value_head_dim"))
     kind = hub.split(".", 3)[3] if hub.startswith("model.layers.") else hub
-    if n_k == n_v or not kind.startswith("linear_attn."):
-        return None, None  # nothing was tiled
+    if n_k in (1, n_v) or not kind.startswith("linear_attn."):
+        return None, None  # one key head, or one value head a key head: tiled and grouped are the same order
     if kind == "linear_attn.out_proj.weight":
         width = TENSOR_TYPES[TYPE_IDS[type_name]][1]  # weights a block
         if d_v % width:
