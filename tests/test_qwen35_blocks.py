@@ -185,6 +185,8 @@ def test_what_moves_and_what_cannot():
     assert qwen35_block_moves("model.layers.3.mlp.down_proj.weight", "Q4_K", config) == (None, None)
     same = dict(config, linear_num_value_heads=16)
     assert qwen35_block_moves("model.layers.0.linear_attn.out_proj.weight", "Q4_K", same) == (None, None)
+    one_key_head = dict(config, linear_num_key_heads=1)  # tiled and grouped are one order: nothing to undo
+    assert qwen35_block_moves("model.layers.0.linear_attn.out_proj.weight", "Q4_K", one_key_head) == (None, None)
 
 
 @pytest.mark.parametrize("name", FILES)
