@@ -93,7 +93,8 @@ def write_q4_k(f32_path: Path, path: Path) -> Path:
 def successor_head(folder: Path, seed: int = 0) -> Path:
     """The checkpoint in `folder` with a random token table and a head whose row for token π(v) is token v's
     embedding, π a random permutation: the residual stream keeps the current token's embedding, so the model
-    predicts π(current token), with a margin of about |e|^2 - max e.e' (8 logits and more at Q8_0 here). The layers are unchanged."""
+    predicts π(current token), with a margin of about |e|^2 - max e.e' (8 logits and more at Q8_0 here). The layers
+    are unchanged."""
     tensors = load_file(folder / "model.safetensors")
     generator = torch.Generator().manual_seed(seed)
     table = torch.randn(tensors["model.embed_tokens.weight"].shape, generator=generator)  # (V, C)
