@@ -62,8 +62,8 @@ def _say_which_path(args, source, on_blocks: bool, device, dtype) -> None:
               f"transformers reads it); kernel {gguf_kernel_choice()}", file=sys.stderr)
         return
     why = "--exact" if args.exact else "the blocks' kernel runs on the CPU in float32" \
-        if device.type != "cpu" or dtype != torch.float32 else "lesson 26 runs llama, qwen2, qwen3 and gemma3 " \
-        "files on their blocks, not this model type"
+        if device.type != "cpu" or dtype != torch.float32 else "lessons 26 and 28 run llama, qwen2, qwen3, " \
+        "gemma3 and qwen3.5 files on their blocks, not this model type"
     print(f"hardway: {source.path.name} dequantized to {str(dtype).removeprefix('torch.')} on {device}, the exact "
           f"path ({why})", file=sys.stderr)
 

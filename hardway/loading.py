@@ -202,14 +202,15 @@ def gguf_quantized(path) -> CausalLM:
 
 
 def load_gguf_blocks(path) -> CausalLM:
-    """The model of a GGUF file (llama, qwen2, qwen3, gemma3) with each quantized matrix kept in the file's blocks
+    """The model of a GGUF file (llama, qwen2, qwen3, gemma3, qwen3.5) with each quantized matrix kept in its blocks
     (GGUFLinear, GGUFEmbedding), never dequantized to fp32, copied once onto 2 MB pages; a layer's q, k and v and an
     MLP's gate and up stacked where their types allow (StackedProjections); the rest (norms, other types) as
     hardway.load reads it. A model type without a table in NAMES is a GGUFError that names what is supported."""
     # imported here, not at the top: a model loaded otherwise needs none of them (the model table stays lazy)
     from hardway.formats.gguf import GGUFError, architecture, read_gguf, unpermute_qk  # lesson 16
-    from hardway.kernels.gguf_layers import (NAMES, STACKED, GGUFEmbedding, GGUFLinear, StackedProjections, bias_of,
-                                             kept_matrices, on_huge_pages, stacking)  # this lesson's layers
+    from hardway.kernels.gguf_layers import (BLOCK_MOVES, NAMES, STACKED, GGUFEmbedding, GGUFLinear,
+                                             StackedProjections, bias_of, kept_matrices, moved_blocks, on_huge_pages,
+                                             stacking)  # this lesson's layers
     from hardway.kernels.quantized import put_in_place  # lesson 17
     file = read_gguf(path)
     arch, table = architecture(file)
@@ -231,6 +232,8 @@ def load_gguf_blocks(path) -> CausalLM:
         kind = layer.rpartition(".")[2]
         if table.permute_qk and kind in heads:
             blocks = unpermute_qk(blocks, heads[kind])  # whole rows moved: the same bytes, in transformers' order
+        if arch in BLOCK_MOVES:  # lesson 28: whole rows, or whole blocks of each row, back in the hub's order
+            blocks = moved_blocks(blocks, *BLOCK_MOVES[arch](hub, info.type_name, checkpoint.config))
         matrices[layer] = (blocks, info.type_name, info.shape[1])
     runs, stacked = stacking(model, matrices)
     together = [matrices[run[0]][0] if len(run) == 1 else torch.cat([matrices[layer][0] for layer in run])

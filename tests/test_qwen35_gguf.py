@@ -29,9 +29,10 @@ LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_a
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def tiny_config(n_k_heads: int = 2, n_v_heads: int = 4, mtp: bool = False) -> dict:
+def tiny_config(n_k_heads: int = 2, n_v_heads: int = 4, mtp: bool = False, **sizes) -> dict:
     """A Qwen3.5 text config.json, every size small, its rows multiples of 32 (Q8_0's block). More value heads than
-    key heads: the converter then reorders the value heads, the change most easily undone wrongly."""
+    key heads: the converter then reorders the value heads, the change most easily undone wrongly. `sizes`: other
+    values for any of its keys."""
     config = {
         "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 272, "hidden_size": 32,
         "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -45,7 +46,7 @@ def tiny_config(n_k_heads: int = 2, n_v_heads: int = 4, mtp: bool = False) -> di
     }
     if mtp:
         config["mtp_num_hidden_layers"] = 1
-    return config
+    return {**config, **sizes}
 
 
 def numbers(shape, salt: int, scale: float = 0.05, offset: float = 0.0) -> torch.Tensor:
@@ -106,15 +107,15 @@ def tiny_tensors(config: dict, mtp: bool = False) -> dict:
     return t
 
 
-def tiny_checkpoint(folder: Path, n_k_heads: int = 2, n_v_heads: int = 4, mtp: bool = False) -> Path:
+def tiny_checkpoint(folder: Path, n_k_heads: int = 2, n_v_heads: int = 4, mtp: bool = False, **sizes) -> Path:
     """A Qwen3.5 checkpoint folder: config.json, model.safetensors and a byte-level BPE tokenizer (the 256 bytes, five
-    merges, three special tokens) that transformers and llama.cpp's converter both read."""
+    merges, three special tokens) that transformers and llama.cpp's converter both read. `sizes`: tiny_config's."""
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
-    config = tiny_config(n_k_heads, n_v_heads, mtp)
+    config = tiny_config(n_k_heads, n_v_heads, mtp, **sizes)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     save_file(tiny_tensors(config, mtp), folder / "model.safetensors", metadata={"format": "pt"})
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
