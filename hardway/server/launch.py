@@ -143,7 +143,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
 
     def load_model():
         # blocks: lesson 26; the weights laid out once, for the path that will run (lesson 12)
-        return source.load(device=device, dtype=dtype, blocks=gguf_blocks, compiled=bool(config.compile_sizes))
+        model = source.load(device=device, dtype=dtype, blocks=gguf_blocks, compiled=bool(config.compile_sizes))
+        return model, keeps_state(model)  # lesson 28; asked in this thread: the question makes a small cache
 
     def read_text_files():
         tokenizer = source.tokenizer()
@@ -158,8 +159,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
     # built in another, the decode steps compile in a third once the server listens (giving way to the engine's
     # steps, ending when they are compiled), and the engine thread computes everything else (lesson 14, "One
     # thread computes").
-    model, (tokenizer, chat) = in_a_thread_of_its_own(load_model, meanwhile=read_text_files)
-    if keeps_state(model):  # lesson 28: no prefix cache for a state, and eager steps
+    (model, state), (tokenizer, chat) = in_a_thread_of_its_own(load_model, meanwhile=read_text_files)
+    if state:  # lesson 28: no prefix cache for a state, and eager steps
         config = replace(config, prefix_caching=False, compile_sizes=(), background_compile=False)
     if engine_class is None:
         engine_class = PrefixCachingEngine if config.prefix_caching else Engine
