@@ -21,6 +21,7 @@ from hardway.engine.logprobs import TokenLogprobs, token_logprobs
 from hardway.engine.paged_cache import PagedKVCache
 from hardway.engine.paged_int8 import Int8PagedKVCache
 from hardway.engine.sequence import Sequence
+from hardway.engine.state_cache import StatePagedCache, keeps_state
 from hardway.kernels.compile import compiled_step
 from hardway.kernels.onednn import onednn_linear_pays, with_onednn_linears
 from hardway.loading import CausalLM
@@ -272,19 +273,26 @@ class ModelRunner:
     `sliding_layers` (lesson 15): the layers whose keys and values live in the sliding layers' pool of
     n_sliding_blocks blocks; each sequence then has a second slot mapping, from its sliding table.
     `kv_cache_dtype` (lesson 24): "int8" keeps the pool in int8 (Int8PagedKVCache); None or "auto", the model's.
-    These settings are the fields of `config` (EngineConfig), the Engine's: ModelRunner(model, EngineConfig(n_blocks=8))."""
+    A model with a state (lesson 28) gets a StatePagedCache, max_batch state slots beside the pool, and one row per
+    sequence (T = its longest n_new): a prompt cut into rows would compute its later rows from a state that its
+    earlier rows have not written yet. Its steps run eagerly. These settings are the fields of `config` (EngineConfig), the Engine's: ModelRunner(model, EngineConfig(n_blocks=8))."""
 
     def __init__(self, model: CausalLM, config: EngineConfig = EngineConfig(), sliding_layers=(),
                  n_sliding_blocks: int = 0):
         config = config.sized_for(model.max_seq_len)
         cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
-        self.cache = cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers, n_sliding_blocks)
+        self.keeps_state = keeps_state(model)  # lesson 28
+        if self.keeps_state:
+            self.cache = StatePagedCache.for_model(model, config.n_blocks, config.block_size, n_slots=config.max_batch)
+        else:
+            self.cache = cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers,
+                                               n_sliding_blocks)
         self.block_size, self.device = config.block_size, self.cache.device
         self.has_sliding = bool(sliding_layers)
         onednn = onednn_linear_pays(self.device, self.cache.dtype) if config.onednn is None else config.onednn
         self.model = with_onednn_linears(model) if onednn else model  # its parameters are the model's own
         self.decode = CompiledDecode(self.model, self.cache, config.compile_sizes, config.backend) \
-            if config.compile_sizes else None
+            if config.compile_sizes and not self.keeps_state else None
 
     def stepping(self):
         """Around a step's computation, in the engine's thread: a compile in the background waits meanwhile
@@ -333,7 +341,7 @@ class ModelRunner:
             with torch.inference_mode():
                 return self.decode(input_ids, [seq.slot_mapping[:end] for seq, end in zip(seqs, ends)],
                                    sliding_rows=sliding_rows)  # (B, V)
-        T = self.row_width(n_new, max(ends))
+        T = max(n_new) if self.keeps_state else self.row_width(n_new, max(ends))  # lesson 28: a row per sequence
         slot_rows, sliding_rows, row_new, row_ids, last_rows = [], [], [], [], []
         for seq, n, end in zip(seqs, n_new, ends):
             self.map_slots(seq, end)
@@ -349,12 +357,20 @@ class ModelRunner:
         input_ids = torch.zeros(len(row_ids), T, dtype=torch.long)  # (R, T): right-aligned, padding id 0
         for i, ids in enumerate(row_ids):
             input_ids[i, T - len(ids):] = torch.tensor(ids)
-        mask = self.cache.bind(slot_rows, row_new, sliding_rows if self.has_sliding else None)  # (R, S) or None
+        state = {} if not self.keeps_state else {"state_slots": [s.state_slot for s in seqs],  # lesson 28
+                                                 "fresh": [s.n_cached == 0 for s in seqs]}
+        mask = self.cache.bind(slot_rows, row_new, sliding_rows if self.has_sliding else None, **state)  # (R, S)
         padding = {} if mask is None else {"attention_mask": mask}
         with torch.inference_mode():
             logits = self.model(input_ids.to(self.device), kv_cache=self.cache,
                                 start_pos=self.cache.n_positions - T, last_only=True, **padding)  # (R, 1, V)
         return logits[last_rows, -1]  # (B, V)
+
+    def commit(self) -> None:
+        """The step's results are taken (Engine._compute, at its end): a model with a state keeps the state this
+        step computed (lesson 28). Keys and values need no such word: written twice, they are the same."""
+        if self.keeps_state:
+            self.cache.commit()
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
         """logits (B, V) -> each sequence's next token, as generate() picks it: every plain greedy row by one argmax;

@@ -25,16 +25,20 @@ class Scheduler:
     `sliding_blocks` (lesson 15): the block manager of the sliding-window layers' pool, for a model that has them.
     Each step starts by handing back the sliding blocks every running sequence's window has left behind; room for a
     sequence is then room in both pools: `grow` grows both its tables or neither. `blocks`: the pool's block manager
-    (default a BlockManager of n_blocks blocks of block_size; lesson 15's engine hands in its prefix cache)."""
+    (default a BlockManager of n_blocks blocks of block_size; lesson 15's engine hands in its prefix cache).
+    `state_slots` (lesson 28): for a model with a state, each running sequence holds one of max_batch state slots,
+    taken at admission and given back when it finishes, is aborted or is preempted (it starts over from zeros)."""
 
     def __init__(self, n_blocks: int, block_size: int, max_batch: int = 16, max_step_tokens: int = 512,
-                 sliding_blocks: SlidingBlockManager | None = None, blocks: BlockManager | None = None):
+                 sliding_blocks: SlidingBlockManager | None = None, blocks: BlockManager | None = None,
+                 state_slots: bool = False):
         if max_batch < 1 or max_step_tokens < 1:
             raise ValueError(f"Scheduler needs max_batch >= 1 and max_step_tokens >= 1, got {max_batch}, "
                              f"{max_step_tokens}")
         self.blocks = BlockManager(n_blocks, block_size) if blocks is None else blocks
         self.sliding_blocks = sliding_blocks
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
+        self.free_state_slots = deque(range(max_batch)) if state_slots else None  # lesson 28: one per running seq
         self.waiting: deque[Sequence] = deque()  # first come, first served; preempted ones go back to the front
         self.running: list[Sequence] = []        # in order of arrival (Sequence.id): the last is the latest
         self.n_preemptions = 0
@@ -73,6 +77,8 @@ class Scheduler:
                     self._free(seq)  # the blocks it shared, back
                     break  # no room now: it stays first in line, and nobody passes it
                 self.admit_first()
+                if self.free_state_slots is not None:  # lesson 28: never short, as running < max_batch
+                    seq.state_slot = self.free_state_slots.popleft()
                 self.n_admitted_tokens += len(seq.tokens)
                 self.n_shared_tokens += seq.n_cached
                 batch.add(seq, n)
@@ -133,6 +139,9 @@ class Scheduler:
         self.blocks.release(seq.block_table)  # free at once: the next step can use them
         if self.sliding_blocks is not None:
             self.sliding_blocks.release(seq.sliding_table)
+        if seq.state_slot is not None:  # lesson 28: its state goes with its blocks
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = None
         seq.n_cached = seq.n_mapped = 0  # its slot mapping pointed into those blocks
 
     def admit_first(self) -> Sequence:

@@ -164,6 +164,7 @@ class Sequence:
     sliding_table: list[int] = field(default_factory=list)   # lesson 15: the sliding layers' blocks (-1: freed)
     sliding_mapping: torch.Tensor | None = None  # lesson 15: (capacity,) slot of each position in their pool
     n_mapped: int = 0                 # positions of slot_mapping filled in (0 again when its blocks are freed)
+    state_slot: int | None = None     # lesson 28: the scheduler's state slot, held while it runs (a model with a state)
     n_cached: int = 0                 # positions whose keys/values are in the pool
     text: str = ""                    # the output text so far, up to any stop string
     n_sent: int = 0                   # characters of `text` already handed out (streaming)

@@ -12,11 +12,14 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
+
 import torch
 import uvicorn
 
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
+from hardway.engine.state_cache import keeps_state
 from hardway.loading import open_model
 from hardway.server.app import create_app
 from hardway.server.worker import EngineThread
@@ -122,15 +125,14 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
     How the model loads: on `device` in `dtype` (fp32 if None), or with `gguf_blocks`, a .gguf file on its blocks
     (lesson 26's `load(blocks=True)`), its quantized matrices kept in their blocks. `engine_class`: Engine, or a
     subclass with the same arguments (None: lesson 15's PrefixCachingEngine if config.prefix_caching, else
-    Engine). On a signal, running requests get `grace_s` seconds to finish, and those still open are ended with an
+    Engine). A model with a state (lesson 28) is served without a prefix cache and with eager steps, whatever
+    `config` says. On a signal, running requests get `grace_s` seconds to finish, and those still open are ended with an
     error (see _Server); a second signal ends sooner."""
     dtype = dtype or torch.float32
     if config is None:
         config = EngineConfig.for_serving(device, dtype, **settings)
     elif settings:
         raise TypeError(f"give an EngineConfig or its fields by name, not both (got {sorted(settings)} beside it)")
-    if engine_class is None:
-        engine_class = PrefixCachingEngine if config.prefix_caching else Engine
     with socket.socket() as probe:  # a taken port is a one-line error before the model loads, not a log line after
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
@@ -141,7 +143,8 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
 
     def load_model():
         # blocks: lesson 26; the weights laid out once, for the path that will run (lesson 12)
-        return source.load(device=device, dtype=dtype, blocks=gguf_blocks, compiled=bool(config.compile_sizes))
+        model = source.load(device=device, dtype=dtype, blocks=gguf_blocks, compiled=bool(config.compile_sizes))
+        return model, keeps_state(model)  # lesson 28; asked in this thread: the question makes a small cache
 
     def read_text_files():
         tokenizer = source.tokenizer()
@@ -156,7 +159,11 @@ def serve(model_id: str, host: str = "127.0.0.1", port: int = 8000, config: Engi
     # built in another, the decode steps compile in a third once the server listens (giving way to the engine's
     # steps, ending when they are compiled), and the engine thread computes everything else (lesson 14, "One
     # thread computes").
-    model, (tokenizer, chat) = in_a_thread_of_its_own(load_model, meanwhile=read_text_files)
+    (model, state), (tokenizer, chat) = in_a_thread_of_its_own(load_model, meanwhile=read_text_files)
+    if state:  # lesson 28: no prefix cache for a state, and eager steps
+        config = replace(config, prefix_caching=False, compile_sizes=(), background_compile=False)
+    if engine_class is None:
+        engine_class = PrefixCachingEngine if config.prefix_caching else Engine
     engine = in_a_thread_of_its_own(lambda: engine_class(model, tokenizer, config))
     app = create_app(engine, source.name, chat, grammar_budget=config.grammar_budget)  # the name as given
     decode = engine.runner.decode
