@@ -274,7 +274,7 @@ class Transformers:
     def run(self, T) -> list[int]:
         token, out = self.states[T][1], [int(self.states[T][1])]
         for _ in range(self.n - 1):
-            token = self.model(token, past_key_values=self.cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+            token = self.model(token, cache=self.cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
             out.append(int(token))
         return out
 
