@@ -361,7 +361,7 @@ def speed(args) -> None:
           f"GB/s; roofline {roofline:.2f} tok/s; {n} new tokens, {args.reps} rounds after a warm-up, medians")
     for note in notes:
         print(note)
-    print(f"\n| engine | " + " | ".join(f"tok/s after {T:,}" for T in contexts) +
+    print("\n| engine | " + " | ".join(f"tok/s after {T:,}" for T in contexts) +
           f" | {long:,} / {short:,} |")
     print("|---|" + "---:|" * (len(contexts) + 1))
     names = sorted({name for name, _ in rates}, key=list(dict.fromkeys(name for name, _ in rates)).index)
