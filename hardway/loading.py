@@ -36,6 +36,7 @@ MODEL_CLASSES = {
     "gemma3_text": "hardway.models.gemma3:Gemma3",  # lesson 20: sliding windows, four norms a block
     "mixtral": "hardway.models.moe:MoE",    # lesson 21: a mixture of experts in every block
     "qwen3_moe": "hardway.models.moe:MoE",  # lesson 21: Qwen3's attention, experts where the config says
+    "qwen3_5_text": "hardway.models.qwen3_5:Qwen35",  # lesson 27: Gated DeltaNet layers and gated attention
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from hardway.formats.hub import checkpoint
 
@@ -101,7 +101,8 @@ with torch.inference_mode():
     else:
         raise AssertionError("forward accepted an attention_mask of the wrong length")
 
-    # The diagnostics' view: embed -> blocks -> final_norm is the forward pass, and qkv is layer 0's attention input.
+    # The diagnostics' view: embed -> blocks -> final_norm is the forward pass, and qkv is the attention input of a
+    # layer that attends (layer 0, but in a hybrid whose first layers keep a state instead, lesson 27).
     x = model.embed(ids)  # (2, 9, C)
     hidden = []
     hooks = [b.register_forward_hook(lambda m, i, o: hidden.append(o)) for b in model.blocks]
@@ -114,7 +115,7 @@ with torch.inference_mode():
         h.remove()
     assert torch.equal(entering[0], x), "embed() is not what enters the first block"
     assert len(hidden) == len(model.blocks) and norm[0].shape == x.shape
-    q, k, v = model.qkv(0, x)
+    q, k, v = model.qkv(next(i for i, b in enumerate(model.blocks) if hasattr(b, "attn")), x)
     assert q.shape[0] == 2 and q.shape[2] == 9 and k.shape == v.shape and q.shape[-1] == k.shape[-1]
     assert q.shape[1] % k.shape[1] == 0  # grouped-query attention: whole groups
 
@@ -139,7 +140,7 @@ print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model)._
                   "imported_model_modules": sorted(m for m in set(sys.modules) - before
                                                    if m in ("hardway.models.gpt2", "hardway.models.llama",
                                                             "hardway.models.qwen3", "hardway.models.gemma3",
-                                                            "hardway.models.moe"))}))
+                                                            "hardway.models.moe", "hardway.models.qwen3_5"))}))
 '''
 
 TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
@@ -168,6 +169,12 @@ def tiny_checkpoint(kind: str, folder: Path) -> Path:
                                                    num_attention_heads=4, num_key_value_heads=2, num_experts=6,
                                                    num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[0],
                                                    initializer_range=0.2, **TINY))
+    elif kind == "qwen3_5":  # Gated DeltaNet layers around one full-attention layer
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                                     num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+                                                     linear_num_value_heads=4, linear_key_head_dim=16,
+                                                     linear_value_head_dim=16, initializer_range=0.2,
+                                                     **{**TINY, "num_hidden_layers": 4}))
     else:  # a sliding window of 4 < the 9 positions the child runs: layers 0 and 2 mask keys out of it
         model = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                                    num_key_value_heads=2, head_dim=16, sliding_window=4,
@@ -183,6 +190,7 @@ CASES = {  # name -> (how to get the folder, the class load must pick)
     "qwen2-tiny": (lambda tmp: tiny_checkpoint("qwen2", tmp / "qwen2"), "hardway.models.llama.Llama"),
     "qwen3-tiny": (lambda tmp: tiny_checkpoint("qwen3", tmp / "qwen3"), "hardway.models.qwen3.Qwen3"),
     "gemma3-tiny": (lambda tmp: tiny_checkpoint("gemma3", tmp / "gemma3"), "hardway.models.gemma3.Gemma3"),
+    "qwen3_5-tiny": (lambda tmp: tiny_checkpoint("qwen3_5", tmp / "qwen3_5"), "hardway.models.qwen3_5.Qwen35"),
     "mixtral-tiny": (lambda tmp: tiny_checkpoint("mixtral", tmp / "mixtral"), "hardway.models.moe.MoE"),
     "qwen3_moe-tiny": (lambda tmp: tiny_checkpoint("qwen3_moe", tmp / "qwen3_moe"), "hardway.models.moe.MoE"),
     "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.models.gpt2.GPT"),
@@ -214,7 +222,8 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
                  "hardway.models.qwen3": {"hardway.models.gpt2", "hardway.models.llama"},
                  "hardway.models.gemma3": {"hardway.models.gpt2", "hardway.models.llama"},
                  "hardway.models.moe": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3",
-                                        "hardway.models.gemma3"}}
+                                        "hardway.models.gemma3"},
+                 "hardway.models.qwen3_5": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.gemma3"}}
     assert set(facts["imported_model_modules"]) == {module} | builds_on[module], facts
 
 
@@ -226,9 +235,10 @@ def test_the_model_table_is_explicit_and_lazy():
     table, imported = json.loads(result.stdout)
     assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama",
                      "qwen3": "hardway.models.qwen3:Qwen3", "gemma3_text": "hardway.models.gemma3:Gemma3",
-                     "mixtral": "hardway.models.moe:MoE", "qwen3_moe": "hardway.models.moe:MoE"}
+                     "mixtral": "hardway.models.moe:MoE", "qwen3_moe": "hardway.models.moe:MoE",
+                     "qwen3_5_text": "hardway.models.qwen3_5:Qwen35"}
     assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3", "hardway.models.gemma3",
-                "hardway.models.moe",
+                "hardway.models.moe", "hardway.models.qwen3_5",
                 "hardway.models.kv_cache"} & set(imported), imported
 
 

@@ -323,9 +323,9 @@ def attention_diffs(ours: CausalLM, theirs, input_ids, layer: int = 0) -> dict[s
     return diffs
 
 
-def diagnosis(diffs: HiddenStateDiffs, tol: float, layer0: dict[str, float]) -> str:
+def diagnosis(diffs: HiddenStateDiffs, tol: float, layer0: dict[str, float], layer: int = 0) -> str:
     """The diagnostics line of the report: the first divergent layer (relative divergence above tol), or that none
-    is, with the largest max |Δ| beside it; then layer 0's attention_diffs."""
+    is, with the largest max |Δ| beside it; then the attention_diffs of `layer`, the first layer that attends."""
     n_layers = len(diffs.layers) - 1
     first = first_divergent_layer(diffs.relative, tol)
     big = max(range(len(diffs.absolute)), key=diffs.absolute.__getitem__)  # the stage with the largest max |Δ|
@@ -335,7 +335,7 @@ def diagnosis(diffs: HiddenStateDiffs, tol: float, layer0: dict[str, float]) -> 
     else:
         verdict = (f"first divergent layer: {layer_name(first, n_layers)} (relative divergence "
                    f"{diffs.relative[first + 1]:.2g} > {tol:g})")
-    return verdict + "; layer 0 max |Δ|: " + ", ".join(f"{k} {v:.2g}" for k, v in layer0.items())
+    return verdict + f"; layer {layer} max |Δ|: " + ", ".join(f"{k} {v:.2g}" for k, v in layer0.items())
 
 
 def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, new_tokens=50,
@@ -379,8 +379,9 @@ def run_ritual(model, device="cpu", dtype=torch.float32, prompt=DEFAULT_PROMPT, 
 
         diffs = hidden_state_diffs(ours, theirs, input_ids)
         tol = TOLERANCE[dtype].hidden_state
-        checks.append(Check("diagnostics (info)", True, diagnosis(diffs, tol, attention_diffs(ours, theirs, input_ids)),
-                            "—"))
+        first_attention = next(i for i, b in enumerate(ours.blocks) if hasattr(b, "attn"))  # 0 but in a hybrid
+        layer0 = attention_diffs(ours, theirs, input_ids, first_attention)
+        checks.append(Check("diagnostics (info)", True, diagnosis(diffs, tol, layer0, first_attention), "—"))
     if report is not None:
         report(checks)  # the results first: a plot that fails to save must not take them with it
 
