@@ -19,8 +19,9 @@ depends on the shapes, not the values. `--gguf`: the same folder converted by ll
    hardway runs `hardway.load`'s model with the fastest step that runs it (the compiled static step of lesson 12 where
    it takes the model, else lesson 08's eager steps: the run says which); `--transformers` adds transformers'
    model, whose greedy tokens hardway's must equal; llama.cpp runs `llama-bench -p 0 -n N -d CONTEXT -t THREADS` on
-   the GGUF (text generation after a context of that depth), once per round. Rounds interleave the engines; the first
-   is a warm-up; medians. The read bandwidth (a 1 GiB sum) is sampled in the same rounds, for the roofline.
+   the GGUF (text generation after a context of that depth, after its own warm-up), once per round. Rounds interleave
+   the engines; the first warms up torch's (not timed); medians. The read bandwidth (a 1 GiB sum) is sampled in the
+   same rounds, for the roofline.
 2. Context: each engine's speed after the longest context over its speed after the shortest. A Gated DeltaNet layer
    reads a fixed-size state whatever the context; only the attention layers (1 in 4) read a cache that grows.
 3. Cache bytes per sequence against context length: the attention layers' keys and values plus the Gated DeltaNet
@@ -123,8 +124,9 @@ def cache_table(config: dict, contexts: list[int]) -> None:
     per_token = cache_bytes(config, 1)["kv"]
     state = sum(cache_bytes(config, 0).values())
     dense_per_token = cache_bytes(attention_only(config), 1)["kv"]
-    print(f"cache per sequence, fp32: Qwen3.5 {per_token:,} bytes a position (its {config['layer_types'].count('full_attention')} "
-          f"attention layers) + {state:,} bytes of state ({config['layer_types'].count('linear_attention')} Gated "
+    types = config["layer_types"]
+    print(f"cache per sequence, fp32: Qwen3.5 {per_token:,} bytes a position (its {types.count('full_attention')} "
+          f"attention layers) + {state:,} bytes of state ({types.count('linear_attention')} Gated "
           f"DeltaNet layers); Qwen3, every layer attention: {dense_per_token:,} bytes a position; the same bytes at "
           f"{crossover(config):,.0f} positions")
     print("\n| context | Qwen3.5: KV (MiB) | Qwen3.5: state (MiB) | Qwen3.5: total (MiB) | Qwen3, all attention (MiB) "
@@ -316,8 +318,9 @@ def speed(args) -> None:
             engines["hardway"] = Hardway(model, contexts, n, compiled=True)
             engines["hardway"].run(min(args.contexts))  # compiles, and shows that the step takes this model
         except Exception as e:  # the compiled step may not take a model whose cache holds a state
-            notes.append(f"hardway's compiled step does not run this model ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:160] if str(e) else ''}); hardway decodes with lesson 08's eager steps")
+            why = str(e).splitlines()[0][:160] if str(e) else ""
+            notes.append(f"hardway's compiled step does not run this model ({type(e).__name__}: {why}); "
+                         f"hardway decodes with lesson 08's eager steps")
             path = "eager steps (lesson 08)"
             engines["hardway"] = Hardway(model, contexts, n, compiled=False)
         notes.append(f"hardway: {path}")
@@ -342,12 +345,11 @@ def speed(args) -> None:
         seconds, _ = timed(read_buffer.sum)
         if round_:
             reads.append(read_buffer.nbytes / seconds)
-        for label, binary in benches.items():
+        for label, binary in benches.items() if round_ else ():  # llama-bench warms itself up
             got = llama_bench(binary, args.gguf, list(contexts), n, args.threads)
-            if round_:
-                for T in contexts:
-                    rates[f"llama.cpp {label}".strip(), T].append(got[T])
-        print(f"round {round_}{' (warm-up)' if not round_ else ''}: " + ", ".join(
+            for T in contexts:
+                rates[f"llama.cpp {label}".strip(), T].append(got[T])
+        print(f"{time.strftime('%H:%M:%S')} round {round_}{' (warm-up)' if not round_ else ''}: " + ", ".join(
             f"{name} @{T} {tokens_per_s:.2f}" for (name, T), r in rates.items() for tokens_per_s in r[-1:]), flush=True)
     del read_buffer
 
