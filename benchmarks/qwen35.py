@@ -363,12 +363,13 @@ def speed(args) -> None:
           f"GB/s; roofline {roofline:.2f} tok/s; {n} new tokens, {args.reps} rounds after a warm-up, medians")
     for note in notes:
         print(note)
-    print("\n| engine | " + " | ".join(f"tok/s after {T:,}" for T in contexts) +
+    print("\n| engine | " + " | ".join(f"tok/s after {T:,} (weights read)" for T in contexts) +
           f" | {long:,} / {short:,} |")
     print("|---|" + "---:|" * (len(contexts) + 1))
     names = sorted({name for name, _ in rates}, key=list(dict.fromkeys(name for name, _ in rates)).index)
     for name in names:
-        print(f"| {name} | " + " | ".join(f"{med[name, T]:.2f} ({med[name, T] / roofline:.0%})" for T in contexts) +
+        print(f"| {name} | " + " | ".join(f"{med[name, T]:.2f} ({med[name, T] * wbytes / 1e9:.1f} GB/s)"
+                                          for T in contexts) +
               f" | {med[name, long] / med[name, short]:.2f} |")
     if "hardway" in engines:
         for b in benches:
