@@ -175,7 +175,7 @@ def check_cache(model, config: dict, max_len: int) -> None:
     """The arithmetic above against the bytes hardway's own cache allocates for max_len positions."""
     cache = model.new_kv_cache(1, max_len)
     expect = cache_bytes(config, max_len)
-    got = {"kv": cache.nbytes, "state": cache.state_nbytes}
+    got = {"kv": cache.nbytes, "state": cache.state.nbytes}
     if got != {"kv": expect["kv"], "state": expect["conv"] + expect["recurrent"]}:
         raise SystemExit(f"FAIL: hardway's cache for {max_len} positions holds {got}, the arithmetic says {expect}")
     print(f"hardway's cache for {max_len:,} positions: {got['kv']:,} bytes of keys and values, {got['state']:,} of "
@@ -214,13 +214,15 @@ class Snapshot:
     def __init__(self, cache):
         self.cache = cache
         self.tensors = [(t, t.clone()) for t in cache_tensors(cache)]
-        self.numbers = {k: v for k, v in vars(cache).items() if isinstance(v, int) and not isinstance(v, bool)}
+        holders = [cache] + ([cache.state] if getattr(cache, "state", None) is not None else [])
+        self.numbers = [(obj, k, v) for obj in holders for k, v in vars(obj).items()
+                        if isinstance(v, int) and not isinstance(v, bool)]
 
     def restore(self):
         for t, saved in self.tensors:
             t.copy_(saved)
-        for k, v in self.numbers.items():
-            setattr(self.cache, k, v)
+        for obj, k, v in self.numbers:
+            setattr(obj, k, v)
         return self.cache
 
 
