@@ -38,6 +38,7 @@ MODEL_CLASSES = {
     "qwen3_moe": "hardway.models.moe:MoE",  # lesson 21: Qwen3's attention, experts where the config says
     "qwen3_5_text": "hardway.models.qwen3_5:Qwen35",  # lesson 27: Gated DeltaNet layers and gated attention
     "qwen3_5": "hardway.models.qwen3_5:Qwen35",       # lesson 27: the same, shipped with a vision tower beside it
+    "deepseek_v3": "hardway.models.deepseek_v3:DeepseekV3",  # lesson 29: latent attention, grouped experts
 }
 
 
