@@ -70,7 +70,7 @@ class LatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, H * (self.d_nope + self.d_v), bias=False)
         self.o_proj = nn.Linear(H * self.d_v, C, bias=bias)
-        self.decode_form = "absorbed"  # benchmarks/mla.py: faster from a few hundred positions on
+        self.decode_form = "absorbed"  # benchmarks/mla.py: the faster at every length it measured
 
     def query(self, x, cos, sin):  # x: (B, T, C)
         """q_nope (B, H, T, d_nope) and the rotated q_rope (B, H, T, d_rope)."""
