@@ -11,6 +11,7 @@ in alternating rounds of the same run, medians.
 
     uv run python benchmarks/mla.py                       # the table in docs/performance.md
     uv run python benchmarks/mla.py --lengths 256 1024    # fewer lengths
+    uv run python benchmarks/mla.py --threads 1           # one thread (a machine shared with other work)
 
 Prints a Markdown table.
 """
@@ -80,7 +81,10 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=4096, help="vocabulary (default 4096)")
     parser.add_argument("--steps", type=int, default=8, help="decode steps per round (default 8)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per form; medians (default 5)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = build(args.hidden, args.heads, args.layers, args.vocab, max(args.lengths) + 1)
     config = model.config
