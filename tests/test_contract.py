@@ -15,6 +15,7 @@ import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 from hardway.formats.hub import checkpoint
 
@@ -116,7 +117,8 @@ with torch.inference_mode():
     assert torch.equal(entering[0], x), "embed() is not what enters the first block"
     assert len(hidden) == len(model.blocks) and norm[0].shape == x.shape
     q, k, v = model.qkv(next(i for i, b in enumerate(model.blocks) if hasattr(b, "attn")), x)
-    assert q.shape[0] == 2 and q.shape[2] == 9 and k.shape == v.shape and q.shape[-1] == k.shape[-1]
+    assert q.shape[0] == 2 and q.shape[2] == 9 and q.shape[-1] == k.shape[-1]
+    assert k.shape[:3] == v.shape[:3]  # a value as wide as its key, or narrower (latent attention's, lesson 29)
     assert q.shape[1] % k.shape[1] == 0  # grouped-query attention: whole groups
 
     for bad in (dict(max_len=model.max_seq_len + 1),):
@@ -140,7 +142,9 @@ print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model)._
                   "imported_model_modules": sorted(m for m in set(sys.modules) - before
                                                    if m in ("hardway.models.gpt2", "hardway.models.llama",
                                                             "hardway.models.qwen3", "hardway.models.gemma3",
-                                                            "hardway.models.moe", "hardway.models.qwen3_5"))}))
+                                                            "hardway.models.moe", "hardway.models.qwen3_5",
+                                                            "hardway.models.latent_attention",
+                                                            "hardway.models.deepseek_v3"))}))
 '''
 
 TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
@@ -175,6 +179,12 @@ def tiny_checkpoint(kind: str, folder: Path) -> Path:
                                                      linear_num_value_heads=4, linear_key_head_dim=16,
                                                      linear_value_head_dim=16, initializer_range=0.2,
                                                      **{**TINY, "num_hidden_layers": 4}))
+    elif kind == "deepseek_v3":  # latent attention; a dense layer, then one with experts in groups
+        model = DeepseekV3ForCausalLM(DeepseekV3Config(
+            hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_attention_heads=4,
+            num_key_value_heads=4, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3,
+            first_k_dense_replace=1, kv_lora_rank=24, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=16,
+            v_head_dim=12, initializer_range=0.2, **TINY))
     else:  # a sliding window of 4 < the 9 positions the child runs: layers 0 and 2 mask keys out of it
         model = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                                    num_key_value_heads=2, head_dim=16, sliding_window=4,
@@ -191,6 +201,8 @@ CASES = {  # name -> (how to get the folder, the class load must pick)
     "qwen3-tiny": (lambda tmp: tiny_checkpoint("qwen3", tmp / "qwen3"), "hardway.models.qwen3.Qwen3"),
     "gemma3-tiny": (lambda tmp: tiny_checkpoint("gemma3", tmp / "gemma3"), "hardway.models.gemma3.Gemma3"),
     "qwen3_5-tiny": (lambda tmp: tiny_checkpoint("qwen3_5", tmp / "qwen3_5"), "hardway.models.qwen3_5.Qwen35"),
+    "deepseek_v3-tiny": (lambda tmp: tiny_checkpoint("deepseek_v3", tmp / "deepseek_v3"),
+                         "hardway.models.deepseek_v3.DeepseekV3"),
     "mixtral-tiny": (lambda tmp: tiny_checkpoint("mixtral", tmp / "mixtral"), "hardway.models.moe.MoE"),
     "qwen3_moe-tiny": (lambda tmp: tiny_checkpoint("qwen3_moe", tmp / "qwen3_moe"), "hardway.models.moe.MoE"),
     "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.models.gpt2.GPT"),
@@ -223,7 +235,10 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
                  "hardway.models.gemma3": {"hardway.models.gpt2", "hardway.models.llama"},
                  "hardway.models.moe": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3",
                                         "hardway.models.gemma3"},
-                 "hardway.models.qwen3_5": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.gemma3"}}
+                 "hardway.models.qwen3_5": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.gemma3"},
+                 "hardway.models.deepseek_v3": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3",
+                                                "hardway.models.gemma3", "hardway.models.moe",
+                                                "hardway.models.latent_attention"}}
     assert set(facts["imported_model_modules"]) == {module} | builds_on[module], facts
 
 
