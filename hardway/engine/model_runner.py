@@ -259,6 +259,16 @@ class CompiledDecode:
 PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the logits held at once are (256, V)
 
 
+def new_paged_cache(model: CausalLM, config: EngineConfig, sliding_layers=(),
+                    n_sliding_blocks: int = 0) -> PagedKVCache:
+    """The pool the engine keeps for `model` under `config` (n_blocks set): lesson 14's PagedKVCache, in int8 (lesson
+    24's Int8PagedKVCache), or with a state slot per running sequence (lesson 28's StatePagedCache)."""
+    if keeps_state(model):  # lesson 28
+        return StatePagedCache.for_model(model, config.n_blocks, config.block_size, n_slots=config.max_batch)
+    cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
+    return cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers, n_sliding_blocks)
+
+
 class ModelRunner:
     """Owns the model and the paged KV cache: one forward pass per step for everything scheduled, and the next
     token of every sequence that reached its end, picked for the whole batch at once.
@@ -280,13 +290,8 @@ class ModelRunner:
     def __init__(self, model: CausalLM, config: EngineConfig = EngineConfig(), sliding_layers=(),
                  n_sliding_blocks: int = 0):
         config = config.sized_for(model.max_seq_len)
-        cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
         self.keeps_state = keeps_state(model)  # lesson 28
-        if self.keeps_state:
-            self.cache = StatePagedCache.for_model(model, config.n_blocks, config.block_size, n_slots=config.max_batch)
-        else:
-            self.cache = cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers,
-                                               n_sliding_blocks)
+        self.cache = new_paged_cache(model, config, sliding_layers, n_sliding_blocks)
         self.block_size, self.device = config.block_size, self.cache.device
         self.has_sliding = bool(sliding_layers)
         onednn = onednn_linear_pays(self.device, self.cache.dtype) if config.onednn is None else config.onednn
