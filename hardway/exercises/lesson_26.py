@@ -153,7 +153,8 @@ Q4_K_MISTAKES = {  # why -> what the mistake computes, from (u, sc, mn, d, dmin,
         lambda u, sc, mn, *rest: q4_k_dot(u, sc, mn, *rest, min_sign=1),
     "sc are the runs' scales (with d) and mn their minimums (with dmin): you swapped them":
         lambda u, sc, mn, *rest: q4_k_dot(u, mn, sc, *rest),
-    "x is xs xq: its scale multiplies both sums": lambda u, sc, mn, d, dmin, xq, xs: q4_k_dot(u, sc, mn, d, dmin, xq, 1.0),
+    "x is xs xq: its scale multiplies both sums":
+        lambda u, sc, mn, d, dmin, xq, xs: q4_k_dot(u, sc, mn, d, dmin, xq, 1.0),
 }
 
 
@@ -167,12 +168,12 @@ def check_q4_k_dot(my_q4_k_dot) -> str:
         except (TypeError, ValueError):
             raise Wrong(f"case {k}: expected a float, got {type(got).__name__}") from None
         right = q4_k_dot(u, sc, mn, d, dmin, xq, xs)
-        scale = float((d * sc.double().max() * 15 + dmin * mn.double().max()) * xs * xq.double().abs().sum())
-        close = lambda a, b: abs(a - b) <= 1e-5 * scale  # noqa: E731  fp32 rounding of a few sums, relative to their size
-        if close(got, right):
+        # fp32 rounding of a few sums, relative to the size of their terms
+        slack = 1e-5 * float((d * sc.double().max() * 15 + dmin * mn.double().max()) * xs * xq.double().abs().sum())
+        if abs(got - right) <= slack:
             continue
         for why, mistake in Q4_K_MISTAKES.items():
-            if close(got, mistake(u, sc, mn, d, dmin, xq, xs)):
+            if abs(got - mistake(u, sc, mn, d, dmin, xq, xs)) <= slack:
                 raise Wrong(f"case {k}: {why}")
         raise Wrong(f"case {k}: got {got:.6g}, expected {right:.6g} (weight i is in run i // 32; run j's scale is "
                     f"d sc[j] and its minimum dmin mn[j]; x is xs xq)")
