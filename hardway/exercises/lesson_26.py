@@ -22,7 +22,8 @@ TABLE, HEAD = "token_embd.weight", "output.weight"
 def gguf_tensors(hidden: int, intermediate: int, q_rows: int, kv_rows: int, layers: int, vocab: int, matrices: str,
                  table: str, head: str | None = None, qk_norms: int = 0) -> dict:
     """A file's tensor list as read_gguf gives it, {name: (type name, (rows, row length))}: every matrix of a
-    Llama-shaped model in `matrices`, the token table in `table`, a head of its own in `head` (None: tied), norms F32."""
+    Llama-shaped model in `matrices`, the token table in `table`, a head of its own in `head` (None: tied), the norms
+    in F32."""
     tensors = {TABLE: (table, (vocab, hidden)), "output_norm.weight": ("F32", (hidden,))}
     if head is not None:
         tensors[HEAD] = (head, (vocab, hidden))
