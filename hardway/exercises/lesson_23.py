@@ -135,7 +135,7 @@ def check_bf16_angle_error(my_bf16_angle_error) -> str:
                    "rounded value can land")
         raise Wrong(f"m = {m}: you predict {got:g} rad, measured {measured:g} ({why})")
     errors = ", ".join(f"{m}: {bf16_angle_error(m):g} rad" for m in LENGTHS)
-    return (f"right: {errors}, each measured on every position. From position 512 on the angle in bf16 is off by 2 "
-            f"radians, from 1024 on by more than a half turn: there the fastest pair says nothing about the "
+    return (f"right: {errors}, each measured on every position. From position 512 on an angle in bf16 can be off by 2 "
+            f"radians, from 1024 on by 4, more than a half turn: there the fastest pair says nothing about the "
             f"position. So RotaryEmbedding computes the angles in fp32 and keeps its frequencies in fp32 "
             f"whatever the model's dtype; only cos and sin are cast")
