@@ -73,7 +73,7 @@ def test_check_range_regex(sol):
         return "(" + "|".join(str(n) for n in range(lo, hi + 1)) + ")"
 
     def lookahead(lo, hi):  # plausible: a construct outside the subset
-        return f"(?!0)[0-9]{{1,4}}"
+        return "(?!0)[0-9]{1,4}"
 
     assert "matches" in check_range_regex(digits_only)
     assert check_range_regex(leading_zeros).startswith("wrong")
