@@ -21,6 +21,7 @@ from hardway.engine.logprobs import TokenLogprobs, token_logprobs
 from hardway.engine.paged_cache import PagedKVCache
 from hardway.engine.paged_int8 import Int8PagedKVCache
 from hardway.engine.sequence import Sequence
+from hardway.engine.shaped_cache import paged_cache_class
 from hardway.engine.state_cache import StatePagedCache, keeps_state
 from hardway.kernels.compile import compiled_step
 from hardway.kernels.onednn import onednn_linear_pays, with_onednn_linears
@@ -281,6 +282,7 @@ class ModelRunner:
                  n_sliding_blocks: int = 0):
         config = config.sized_for(model.max_seq_len)
         cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
+        cache_class = paged_cache_class(model, cache_class)  # lesson 30: cache layers each in their own shape
         self.keeps_state = keeps_state(model)  # lesson 28
         if self.keeps_state:
             self.cache = StatePagedCache.for_model(model, config.n_blocks, config.block_size, n_slots=config.max_batch)
