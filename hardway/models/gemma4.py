@@ -42,19 +42,18 @@ class Gemma4RMSNorm(nn.Module):
         return x32.type_as(x)
 
 
-class PartialRotary(nn.Module):
+class PartialRotary(RotaryEmbedding):
     """RoPE for one layer type: cos and sin (T, d) of the angles m·θ_i. "proportional" RoPE turns only the first
     rotary_fraction of the d/2 pairs, with the frequencies of the whole head (θ^(-2i/d), i < fraction · d/2); the
-    other pairs get frequency 0: cos 1, sin 0, they pass unturned."""
+    other pairs get frequency 0: cos 1, sin 0, they pass unturned. Lesson 09's RotaryEmbedding gives `_apply`: a move
+    or a cast keeps the frequencies in fp32."""
 
     def __init__(self, head_dim: int, rope_theta: float, rotary_fraction: float = 1.0, device=None):
-        super().__init__()
+        nn.Module.__init__(self)
         n_turned = int(rotary_fraction * head_dim // 2)  # pairs that turn
         turned = 1.0 / rope_theta ** (torch.arange(0, 2 * n_turned, 2, dtype=torch.float, device=device) / head_dim)
         inv_freq = torch.cat([turned, torch.zeros(head_dim // 2 - n_turned, device=device)])  # (d/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    _apply = RotaryEmbedding._apply  # lesson 09's: a move or a cast keeps the frequencies in fp32
 
     def forward(self, positions, dtype):  # positions: (T,) or (B, T)
         freqs = positions.float()[..., None] * self.inv_freq.float()  # (T, d/2) or (B, T, d/2)

@@ -126,9 +126,10 @@ def gemma4_config(d: dict) -> Gemma4Config:
 
     shared = optional_int("num_kv_shared_layers", 0, minimum=0)
     first = n - shared
-    if shared and set(layer_types[first:]) - set(layer_types[:first]):
+    orphans = sorted(set(layer_types[first:]) - set(layer_types[:first]))
+    if shared and orphans:
         raise ConfigError(f"num_kv_shared_layers={shared}: a shared layer reads the keys of an earlier layer of its "
-                          f"type, and layers 0..{first - 1} have no {sorted(set(layer_types[first:]))} layer")
+                          f"type, and layers 0..{first - 1} have no {' or '.join(orphans)} layer")
     ple = optional_int("hidden_size_per_layer_input", 0, minimum=0)
     ple_vocab = optional_int("vocab_size_per_layer_input", size["vocab_size"])
     if ple and ple_vocab < size["vocab_size"]:
