@@ -126,6 +126,8 @@ def gemma4_config(d: dict) -> Gemma4Config:
 
     shared = optional_int("num_kv_shared_layers", 0, minimum=0)
     first = n - shared
+    if first < 1:
+        raise ConfigError(f"num_kv_shared_layers={shared} of {n} layers: at least layer 0 must compute keys of its own")
     orphans = sorted(set(layer_types[first:]) - set(layer_types[:first]))
     if shared and orphans:
         raise ConfigError(f"num_kv_shared_layers={shared}: a shared layer reads the keys of an earlier layer of its "
