@@ -31,12 +31,12 @@ CACHE_CONFIGS = {  # name -> config.json
     "keys as values, 4 global KV heads": {"model_type": "gemma4_text", "vocab_size": 1000, "hidden_size": 512,
                                           "intermediate_size": 1024, "num_hidden_layers": 12,
                                           "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
-                                          "global_head_dim": 128, "num_global_key_value_heads": 4,
+                                          "global_head_dim": 256, "num_global_key_value_heads": 4,
                                           "attention_k_eq_v": True},
     "global KV heads without keys as values": {"model_type": "gemma4_text", "vocab_size": 1000, "hidden_size": 512,
                                                "intermediate_size": 1024, "num_hidden_layers": 12,
                                                "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
-                                               "global_head_dim": 128, "num_global_key_value_heads": 4,
+                                               "global_head_dim": 256, "num_global_key_value_heads": 4,
                                                "num_kv_shared_layers": 5},
 }
 
