@@ -14,7 +14,6 @@ import httpx
 import pytest
 import torch
 
-from hardway.decode.generate import generate
 from hardway.engine.block_manager import FREED, PrefixCachingBlockManager
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
@@ -24,11 +23,13 @@ from hardway.errors import ConfigError
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
+from test_gemma4 import randomize  # sibling modules: pytest puts tests/ on the path
+from test_qwen35_serving import TEXTS, alone  # its eight texts, and generate on one prompt alone
 
 transformers = pytest.importorskip("transformers")
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its tokenizer: ids below 49152
-N_NEW = 10
+N_NEW = 10  # as alone's default
 LENGTHS = (5, 70, 12, 130, 33, 1, 90, 47)  # most past the window of 7; several longer than a step's budget
 GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=[])
 S, F = "sliding_attention", "full_attention"
@@ -40,16 +41,7 @@ def random_gemma4(vocab_size: int):
         num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=7, max_position_embeddings=512,
         layer_types=[S, S, F] * 2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab_size,
         num_kv_shared_layers=3, final_logit_softcapping=30.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = transformers.Gemma4ForCausalLM(config)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # every tensor random (lesson 30's randomize): a mistake in a norm or a scalar shows
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g) if "norm" in name else
-                    0.15 * torch.randn(p.shape, generator=g))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=g))
-    return model.eval()
+    return randomize(transformers.Gemma4ForCausalLM(config))  # every tensor random (lesson 30's)
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +66,6 @@ def prompts(gemma4):
     model, _ = gemma4
     gen = torch.Generator().manual_seed(1)
     return [torch.randint(3, model.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
-
-
-def alone(model, ids, n=N_NEW, eos=()):
-    """hardway.generate on one prompt by itself, cut before the first end-of-sequence token."""
-    out = generate(model, torch.tensor([ids]), max_new_tokens=n, eos_token_id=None)[0, len(ids):].tolist()
-    return out[:next((i for i, t in enumerate(out) if t in eos), len(out))]
 
 
 @pytest.fixture(scope="module")
@@ -164,12 +150,6 @@ def server(folder):
                "--max-step-tokens", "32")
     yield s
     s.stop()
-
-
-TEXTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a", "def fib(n):", "1, 2, 3,",
-         "A long prompt, longer than one step's budget of thirty-two tokens, so that the server prefills it in "
-         "chunks while the other requests decode: " + "and then " * 8, "Hi", "Lists: apples, pears, plums, figs",
-         "Why is the sky blue? Explain in the words of a child, then in the words of a physicist."]
 
 
 def test_serve_eight_concurrent_equal_alone_and_streamed_equals_whole(server, gemma4, folder):
