@@ -38,6 +38,8 @@ MODEL_CLASSES = {
     "qwen3_moe": "hardway.models.moe:MoE",  # lesson 21: Qwen3's attention, experts where the config says
     "qwen3_5_text": "hardway.models.qwen3_5:Qwen35",  # lesson 27: Gated DeltaNet layers and gated attention
     "qwen3_5": "hardway.models.qwen3_5:Qwen35",       # lesson 27: the same, shipped with a vision tower beside it
+    "gemma4_text": "hardway.models.gemma4:Gemma4",    # lesson 30: shared KV layers, per-layer inputs
+    "gemma4": "hardway.models.gemma4:Gemma4",         # lesson 30: the same, shipped with vision and audio towers
 }
 
 

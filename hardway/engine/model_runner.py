@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from hardway.decode.sampling import sample_next_token
+from hardway.engine import shaped_cache  # lesson 30
 from hardway.engine.config import EngineConfig
 from hardway.engine.logprobs import TokenLogprobs, token_logprobs
 from hardway.engine.paged_cache import PagedKVCache
@@ -262,10 +263,12 @@ PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the 
 def new_paged_cache(model: CausalLM, config: EngineConfig, sliding_layers=(),
                     n_sliding_blocks: int = 0) -> PagedKVCache:
     """The pool the engine keeps for `model` under `config` (n_blocks set): lesson 14's PagedKVCache, in int8 (lesson
-    24's Int8PagedKVCache), or with a state slot per running sequence (lesson 28's StatePagedCache)."""
+    24's Int8PagedKVCache), with a state slot per running sequence (lesson 28's StatePagedCache), or with layers each
+    of its own shape and none for a layer that shares another's keys (lesson 30's LayerShapedPagedCache)."""
     if keeps_state(model):  # lesson 28
         return StatePagedCache.for_model(model, config.n_blocks, config.block_size, n_slots=config.max_batch)
     cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
+    cache_class = shaped_cache.paged_cache_class(model, cache_class)  # lesson 30: layers each of their own shape
     return cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers, n_sliding_blocks)
 
 
