@@ -39,6 +39,8 @@ MODEL_CLASSES = {
     "qwen3_5_text": "hardway.models.qwen3_5:Qwen35",  # lesson 27: Gated DeltaNet layers and gated attention
     "qwen3_5": "hardway.models.qwen3_5:Qwen35",       # lesson 27: the same, shipped with a vision tower beside it
     "deepseek_v3": "hardway.models.deepseek_v3:DeepseekV3",  # lesson 29: latent attention, grouped experts
+    "gemma4_text": "hardway.models.gemma4:Gemma4",    # lesson 30: shared KV layers, per-layer inputs
+    "gemma4": "hardway.models.gemma4:Gemma4",         # lesson 30: the same, shipped with vision and audio towers
 }
 
 

@@ -68,15 +68,9 @@ def config_plain_inv_freq(config):
 my_rope_diagnosis = "B"  # diagnose_dynamic(planted_dynamic_rope) says so
 
 
-# Exercise 3: SmolLM2's head (d 64, theta 1e5), YaRN x4 from 8192: bounds 10.3 -> 10 and 19.9 -> 20, pair 15 halfway.
-def yarn_first_turn(pair: int, head_dim: int = 64, base: float = 100_000.0, original: int = 8192,
-                    factor: float = 4.0) -> int:
-    low = max(math.floor(yarn_pair_of(32, head_dim, base, original)), 0)
-    high = min(math.ceil(yarn_pair_of(1, head_dim, base, original)), head_dim - 1)
-    kept = 1 - min(max((pair - low) / (high - low), 0.0), 1.0)  # the share of the trained frequency
-    theta = base ** (-2 * pair / head_dim)
-    stretched = theta / factor * (1 - kept) + theta * kept
-    return math.ceil(2 * math.pi / stretched)
-
-
-my_first_turn = yarn_first_turn(15)
+# Exercise 3: pair 0's frequency is 1, so its angle is the position itself. bf16 keeps 8 significant bits (7 stored
+# and the implicit 1): between 2^e and 2^(e+1) its numbers are 2^(e-7) apart, and rounding to the nearest is off by
+# at most half of that. The largest position is m - 1; an integer that far from a bf16 number exists whenever e >= 8.
+def my_bf16_angle_error(m: int) -> float:
+    e = math.floor(math.log2(m - 1))  # the exponent of the largest position
+    return 2.0 ** (e - 8) if e >= 8 else 0.0

@@ -2,19 +2,30 @@
 
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
-import torch
+import math
 
-# Exercise 1: bytes per block x 8 / weights per block. Q8_0: 34 B / 32; Q5_0: 22 B / 32; Q4_K: 144 B / 256 (2 + 2
-# bytes of d and dmin, 12 of six-bit scales and mins, 128 of nibbles); Q6_K: 210 B / 256.
-my_bits = {"Q8_0": 34 * 8 / 32, "Q5_0": 22 * 8 / 32, "Q4_K": 144 * 8 / 256, "Q6_K": 210 * 8 / 256}
+from hardway.formats.gguf_quants import TENSOR_TYPES
+
+# Exercise 1: a token reads every tensor once, each as stored (lesson 16's TENSOR_TYPES: bytes a block over weights a
+# block, scales included); the token table in full where it is also the head (no output.weight), else one row of it,
+# the token's embedding. Milliseconds = bytes / (bytes per second) * 1000.
+def my_token_ms(tensors, bandwidth):
+    layouts = {name: (per, nbytes) for name, per, nbytes in TENSOR_TYPES.values()}
+    total = 0.0
+    for name, (type_name, shape) in tensors.items():
+        per, nbytes = layouts[type_name]
+        rows = shape[0] if name == "token_embd.weight" and "output.weight" in tensors else 1
+        total += math.prod(shape) / per * nbytes / rows
+    return total / bandwidth * 1e3
 
 
-# Exercise 2: w = d (q - 8), so sum(w x) = d xs (sum(q xq) - 8 sum(xq)): both sums in integers, the scales once.
-def my_q4_0_dot(block, xq, xs):
-    d = float(block[:2].view(torch.float16))
-    q = torch.cat([block[2:] & 15, block[2:] >> 4]).int()  # (32,): low nibbles are weights 0-15, high ones 16-31
-    x = xq.int()  # (32,)
-    return d * xs * (int((q * x).sum()) - 8 * int(x.sum()))
+# Exercise 2: w = d sc_j u - dmin mn_j in run j, x = xs xq. Per run, two integer sums: u . xq and the sum of xq. The
+# scales are integers too, so sum_j sc_j (u . xq)_j and sum_j mn_j (sum xq)_j stay in integers (int32 holds them:
+# 8 x 63 x 32 x 15 x 127 is about 31 million), and the floats come in once each: d xs and dmin xs.
+def my_q4_k_dot(u, sc, mn, d, dmin, xq, xs):
+    u, x = u.long().reshape(8, 32), xq.long().reshape(8, 32)  # (8 runs, 32)
+    dots, sums = (u * x).sum(1), x.sum(1)  # (8,) each, integers
+    return d * xs * int((sc.long() * dots).sum()) - dmin * xs * int((mn.long() * sums).sum())
 
 
 # Exercise 3: vpmaddubsw adds each pair of products into an int16, saturating; vpmaddwd by ones adds two of those

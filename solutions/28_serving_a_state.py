@@ -25,3 +25,21 @@ def my_out_proj_blocks(n_k, n_v, d_v, width):
         in_file = (j % r) * n_k + j // r
         order += [in_file * per_head + b for b in range(per_head)]
     return order
+
+
+# Exercise 3: the pool holds keys and values of the full-attention layers only (every 4th when layer_types is absent),
+# in the model's dtype, n_blocks * block_size positions (and one scratch slot, lesson 14: within the check's 0.5%).
+# Beside it, max_batch state slots, allocated up front: per Gated DeltaNet layer a convolution state of K - 1 inputs
+# of 2 key_dim + value_dim channels and one (d_k, d_v) matrix per value head, in fp32 whatever the model's dtype.
+def my_engine_cache_bytes(config, n_blocks, block_size, max_batch, value_bytes):
+    n = config["num_hidden_layers"]
+    layer_types = config.get("layer_types") or ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                                                for i in range(n)]
+    n_attention = layer_types.count("full_attention")
+    pool = (2 * n_attention * n_blocks * block_size * config.get("num_key_value_heads", 4)
+            * config.get("head_dim", 256) * value_bytes)
+    h_k, h_v = config.get("linear_num_key_heads", 16), config.get("linear_num_value_heads", 32)
+    d_k, d_v = config.get("linear_key_head_dim", 128), config.get("linear_value_head_dim", 128)
+    conv_dim = 2 * h_k * d_k + h_v * d_v
+    slot = (n - n_attention) * (conv_dim * (config.get("linear_conv_kernel_dim", 4) - 1) + h_v * d_k * d_v) * 4
+    return pool + max_batch * slot

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_22 import BUGS, check_diagnosis, check_int4_loop, check_predict_time, planted_loops
+from hardway.exercises.lesson_22 import (BUGS, SMALL_SHAPE, check_diagnosis, check_int4_loop, check_predict_time,
+                                         planted_loops)
 from hardway.kernels.c_loops import c_loops_available
-from hardway.kernels.quantized import matvec_int8
 
 needs_c = pytest.mark.skipif(not c_loops_available(), reason="no C compiler")
 
@@ -18,34 +18,48 @@ def solution():
 
 
 def test_check_predict_time(solution):
-    bandwidth = 10e9  # bytes/s: the formula is checked against it; the timing is only printed
-    assert check_predict_time(None, bandwidth).startswith("not attempted yet")
-    verdict = check_predict_time(solution.my_predicted_us, bandwidth)
-    assert verdict.startswith("right"), verdict
-    # the timing runs on any matrix-vector product given (the notebook gives its C loop): lesson 17's torch loop here
-    verdict = check_predict_time(solution.my_predicted_us, bandwidth, lambda x, q, s: matvec_int8(x, q, s[:, None]))
-    assert verdict.startswith("right") and "measured" in verdict, verdict
+    bandwidth = 10e9  # bytes/s: the formula is checked against it
+    assert check_predict_time(None, None, bandwidth).startswith("not attempted yet")
+    verdict = check_predict_time(solution.my_predicted_us, None, bandwidth)
+    assert verdict.startswith("right") and "now set my_small_matrix" in verdict, verdict
+    floor = solution.my_predicted_us(*SMALL_SHAPE, bandwidth)
+    # the prediction about the small matrix is tested against the measurement given, both ways
+    for measured, outcome in ((0.5 * floor, "faster"), (3 * floor, "slower")):
+        verdict = check_predict_time(solution.my_predicted_us, outcome, bandwidth, measured)
+        assert verdict.startswith("right") and f"{outcome} as you predicted" in verdict, verdict
+        other = "slower" if outcome == "faster" else "faster"
+        verdict = check_predict_time(solution.my_predicted_us, other, bandwidth, measured)
+        assert verdict.startswith("wrong:") and f"you predicted {other}" in verdict, verdict
+    assert "cache" in check_predict_time(solution.my_predicted_us, "slower", bandwidth, 0.5 * floor)
+    assert "call from Python" in check_predict_time(solution.my_predicted_us, "faster", bandwidth, 3 * floor)
+    assert "nothing was measured" in check_predict_time(solution.my_predicted_us, "faster", bandwidth, None)
+    assert check_predict_time(solution.my_predicted_us, "quicker", bandwidth, floor).startswith("wrong:")
 
-    def matrix_only(out_features, in_features, bandwidth):  # the matrix alone: x, y and scales are under 1% here
+    def matrix_only(out_features, in_features, bandwidth):  # the matrix alone: right on large ones, not on skinny
         return out_features * in_features / bandwidth * 1e6
 
-    assert check_predict_time(matrix_only, bandwidth).startswith("right")
+    def no_scales(out_features, in_features, bandwidth):  # y and x counted, the scales forgotten
+        return (out_features * in_features + 4 * out_features + 4 * in_features) / bandwidth * 1e6
+
+    def no_x(out_features, in_features, bandwidth):  # the scales and y counted, x forgotten
+        return (out_features * in_features + 8 * out_features) / bandwidth * 1e6
 
     def fp32_bytes(out_features, in_features, bandwidth):  # thinks of the dequantized matrix
-        return 4 * out_features * in_features / bandwidth * 1e6
+        return (4 * out_features * in_features + 8 * out_features + 4 * in_features) / bandwidth * 1e6
 
     def bits(out_features, in_features, bandwidth):  # counts bits, not bytes
-        return 8 * out_features * in_features / bandwidth * 1e6
+        return 8 * solution.my_predicted_us(out_features, in_features, bandwidth)
 
     def seconds(out_features, in_features, bandwidth):  # the right time, in seconds instead of microseconds
-        return out_features * in_features / bandwidth
+        return solution.my_predicted_us(out_features, in_features, bandwidth) / 1e6
 
     def flops(out_features, in_features, bandwidth):  # two operations a weight, divided by the bandwidth
         return 2 * out_features * in_features / bandwidth * 1e6
 
-    expected = {fp32_bytes: "fp32", bits: "8 bits", seconds: "microseconds", flops: "count the bytes"}
+    expected = {matrix_only: "only the matrix", no_scales: "4 bytes a row are missing", no_x: "x is missing",
+                fp32_bytes: "fp32", bits: "8 bits", seconds: "microseconds", flops: "two operations"}
     for wrong, words in expected.items():
-        verdict = check_predict_time(wrong, bandwidth)
+        verdict = check_predict_time(wrong, "faster", bandwidth, floor / 2)
         assert verdict.startswith("wrong:") and words in verdict, (wrong.__name__, verdict)
 
 

@@ -1,10 +1,12 @@
 """Lesson 23's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers, for the reason a learner would need to hear."""
+import math
+
 import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_23 import (PLANTED, check_first_turn, check_rope_diagnosis, check_yarn_pairs,
+from hardway.exercises.lesson_23 import (PLANTED, check_bf16_angle_error, check_rope_diagnosis, check_yarn_pairs,
                                          planted_dynamic_rope)
 from hardway.models.llama import RotaryEmbedding
 from hardway.models.rope_scaling import dynamic_parameters, length_dependent_inv_freq
@@ -78,14 +80,21 @@ def test_check_rope_diagnosis(sol):
         assert result.startswith("wrong") and why in result, (wrong, result)
 
 
-def test_check_first_turn(sol):
-    assert check_first_turn(None).startswith("not attempted yet")
-    assert check_first_turn(sol.my_first_turn).startswith("right")
-    assert check_first_turn(sol.my_first_turn + 1).startswith("right")  # rounding at the boundary
-    plain = sol.yarn_first_turn(15, factor=1.0)
-    for wrong, why in ((plain, "plain pair"),  # YaRN forgotten
-                       (4 * plain, "fully interpolated"),  # PI's answer: the ramp ignored
-                       (sol.yarn_first_turn(14), "ramp's bounds"),  # the neighbouring pair
-                       ("2219", "give a number"), (True, "give a number")):
-        result = check_first_turn(wrong)
-        assert result.startswith("wrong") and why in result, (wrong, result)
+def test_check_bf16_angle_error(sol):
+    assert check_bf16_angle_error(None).startswith("not attempted yet")
+    result = check_bf16_angle_error(sol.my_bf16_angle_error)
+    assert result.startswith("right") and "131072: 256 rad" in result, result
+
+    def exponent(m):  # the largest position's exponent, written here as a learner would
+        return math.floor(math.log2(m - 1))
+
+    for wrong, why in (
+            (lambda m: 2.0 ** (exponent(m) - 7), "half the step"),  # the whole step between two bf16 numbers
+            (lambda m: 2.0 ** (exponent(m) - 11), "fp16"),  # fp16's 11 significant bits
+            (lambda m: 2.0 ** (exponent(m) - 6), "implicit leading 1"),  # 7 bits, and the whole step
+            (lambda m: 2.0 ** (math.floor(math.log2(m)) - 8), "m - 1, not m"),  # the exponent of m itself
+            (lambda m: 0.0, "only up to 256"),  # integers are exact: in fp32 up to 2^24, not in bf16
+            (lambda m: m * 2.0 ** -8, "the step between two bf16 numbers"),  # a relative error, not a step
+            (lambda m: "8 rad", "a number of radians")):
+        result = check_bf16_angle_error(wrong)
+        assert result.startswith("wrong") and why in result, result

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_28 import check_out_proj_blocks, check_restore_value_heads
+from hardway.exercises.lesson_28 import check_engine_cache_bytes, check_out_proj_blocks, check_restore_value_heads
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,36 @@ def test_check_out_proj_blocks(sol):
                        (lambda *a: "0 1", "expected a list of block indices")):
         result = check_out_proj_blocks(wrong)
         assert result.startswith("wrong") and why in result, (why, result)
+
+
+def test_check_engine_cache_bytes(sol):
+    assert check_engine_cache_bytes(None).startswith("not attempted yet")
+    result = check_engine_cache_bytes(sol.my_engine_cache_bytes)
+    assert result.startswith("right") and "GiB" in result, result
+
+    def pieces(config):  # the sizes, written here from the config as a learner would (Qwen3.5's defaults)
+        n = config["num_hidden_layers"]
+        types = config.get("layer_types") or ["full_attention" if (i + 1) % 4 == 0 else "x" for i in range(n)]
+        g = lambda key, default: config.get(key, default)  # noqa: E731
+        return (n, types.count("full_attention"), g("num_key_value_heads", 4) * g("head_dim", 256),
+                g("linear_num_key_heads", 16), g("linear_num_value_heads", 32), g("linear_key_head_dim", 128),
+                g("linear_value_head_dim", 128))
+
+    def made(state_bytes=4, every_layer=False, slots=None, conv_k=-1, conv_v_only=False, key_heads=False):
+        def my_engine_cache_bytes(config, n_blocks, block_size, max_batch, value_bytes):
+            n, n_att, kv, h_k, h_v, d_k, d_v = pieces(config)
+            pool = 2 * (n if every_layer else n_att) * n_blocks * block_size * kv * value_bytes
+            conv = (h_v * d_v if conv_v_only else 2 * h_k * d_k + h_v * d_v) * (4 + conv_k)
+            slot = (n - n_att) * (conv + (h_k if key_heads else h_v) * d_k * d_v) * state_bytes
+            return pool + (max_batch if slots is None else slots) * slot
+        return my_engine_cache_bytes
+
+    assert check_engine_cache_bytes(made()).startswith("right")  # the same formula, written another way
+    for wrong, why in ((made(state_bytes=2), "fp32 whatever the model's dtype"),
+                       (made(every_layer=True), "only the full-attention layers"),
+                       (made(slots=1), "max_batch of them"), (made(slots=0), "slots are missing"),
+                       (made(conv_k=0), "K - 1 inputs"), (made(conv_v_only=True), "q, k and v together"),
+                       (made(key_heads=True), "per value head"),
+                       (lambda *args: "2.6 GB", "a positive number of bytes")):
+        result = check_engine_cache_bytes(wrong)
+        assert result.startswith("wrong") and why in result, result

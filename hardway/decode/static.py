@@ -22,22 +22,25 @@ class StaticKVCache(KVCache):
 
     Why one tensor per layer: a compiled step that writes into a *slice* of one big cache tensor gets, after
     functionalization, a copy of that whole tensor per layer; a write into a whole tensor of its own is done in place.
-    `k` and `v` are lists of n_layers tensors, each (B, n_kv_heads, max_len, head_dim)."""
+    `k` and `v` are lists of n_layers tensors, each (B, n_kv_heads, max_len, head_dim), or, given `layer_shapes`
+    (each layer's (n_kv_heads, head_dim), for a model whose layers differ, lesson 30), each layer's own."""
 
     returns_every_slot = True  # so attention masks the slots after the position (lessons 04 and 09)
 
     def __init__(self, n_layers: int, batch_size: int, max_len: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device="cpu"):
+                 dtype: torch.dtype = torch.float32, device="cpu", layer_shapes=None):
         super().__init__(n_layers, batch_size, max_len, n_kv_heads, head_dim, dtype, device="meta")  # checks only
-        shape = (batch_size, n_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # n_layers x (B, H, S, d)
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.layer_shapes = list(layer_shapes or [(n_kv_heads, head_dim)] * n_layers)
+        shapes = [(batch_size, H, max_len, d) for H, d in self.layer_shapes]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]  # n_layers x (B, H, S, d)
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
 
     @classmethod
     def like(cls, cache: KVCache) -> "StaticKVCache":
         """An empty StaticKVCache with the layers, batch, length, heads, dtype and device of `cache`."""
+        k = cache.k[0] if isinstance(cache.k, list) else cache.k  # a cache of one tensor per layer: layer 0's
         return cls(cache.n_layers, cache.batch_size, cache.max_len, cache.n_kv_heads, cache.head_dim,
-                   dtype=cache.k.dtype, device=cache.k.device)
+                   dtype=k.dtype, device=k.device, layer_shapes=getattr(cache, "layer_shapes", None))
 
     def update(self, layer_idx: int, start_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """k, v (B, n_kv_heads, T, head_dim) written at positions start_pos.. (a 0-dim long tensor) -> all max_len

@@ -16,12 +16,13 @@ from typing import Callable
 import torch
 
 from hardway.decode.sampling import sample_next_token
+from hardway.engine import latent_cache  # lesson 29
+from hardway.engine import shaped_cache  # lesson 30
 from hardway.engine.config import EngineConfig
 from hardway.engine.logprobs import TokenLogprobs, token_logprobs
 from hardway.engine.paged_cache import PagedKVCache
 from hardway.engine.paged_int8 import Int8PagedKVCache
 from hardway.engine.sequence import Sequence
-from hardway.engine.latent_cache import paged_cache_class
 from hardway.engine.state_cache import StatePagedCache, keeps_state
 from hardway.kernels.compile import compiled_step
 from hardway.kernels.onednn import onednn_linear_pays, with_onednn_linears
@@ -260,6 +261,19 @@ class CompiledDecode:
 PROMPT_CHUNK = 256  # prompt positions per forward pass in prompt_logprobs: the logits held at once are (256, V)
 
 
+def new_paged_cache(model: CausalLM, config: EngineConfig, sliding_layers=(),
+                    n_sliding_blocks: int = 0) -> PagedKVCache:
+    """The pool the engine keeps for `model` under `config` (n_blocks set): lesson 14's PagedKVCache, in int8 (lesson
+    24's Int8PagedKVCache), with a state slot per running sequence (lesson 28's StatePagedCache), or with layers each
+    of its own shape and none for a layer that shares another's keys (lesson 30's LayerShapedPagedCache)."""
+    if keeps_state(model):  # lesson 28
+        return StatePagedCache.for_model(model, config.n_blocks, config.block_size, n_slots=config.max_batch)
+    cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
+    cache_class = shaped_cache.paged_cache_class(model, cache_class)  # lesson 30: layers each of their own shape
+    cache_class = latent_cache.paged_cache_class(model, cache_class)  # lesson 29: a pool of latents
+    return cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers, n_sliding_blocks)
+
+
 class ModelRunner:
     """Owns the model and the paged KV cache: one forward pass per step for everything scheduled, and the next
     token of every sequence that reached its end, picked for the whole batch at once.
@@ -281,14 +295,8 @@ class ModelRunner:
     def __init__(self, model: CausalLM, config: EngineConfig = EngineConfig(), sliding_layers=(),
                  n_sliding_blocks: int = 0):
         config = config.sized_for(model.max_seq_len)
-        cache_class = Int8PagedKVCache if config.kv_cache_dtype == "int8" else PagedKVCache  # lesson 24
-        cache_class = paged_cache_class(model, cache_class)  # lesson 29: a pool of latents for latent attention
         self.keeps_state = keeps_state(model)  # lesson 28
-        if self.keeps_state:
-            self.cache = StatePagedCache.for_model(model, config.n_blocks, config.block_size, n_slots=config.max_batch)
-        else:
-            self.cache = cache_class.for_model(model, config.n_blocks, config.block_size, sliding_layers,
-                                               n_sliding_blocks)
+        self.cache = new_paged_cache(model, config, sliding_layers, n_sliding_blocks)
         self.block_size, self.device = config.block_size, self.cache.device
         self.has_sliding = bool(sliding_layers)
         onednn = onednn_linear_pays(self.device, self.cache.dtype) if config.onednn is None else config.onednn
