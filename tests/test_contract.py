@@ -251,9 +251,12 @@ def test_the_model_table_is_explicit_and_lazy():
     assert table == {"gpt2": "hardway.models.gpt2:GPT", "llama": "hardway.models.llama:Llama", "qwen2": "hardway.models.llama:Llama",
                      "qwen3": "hardway.models.qwen3:Qwen3", "gemma3_text": "hardway.models.gemma3:Gemma3",
                      "mixtral": "hardway.models.moe:MoE", "qwen3_moe": "hardway.models.moe:MoE",
-                     "qwen3_5_text": "hardway.models.qwen3_5:Qwen35", "qwen3_5": "hardway.models.qwen3_5:Qwen35"}
+                     "qwen3_5_text": "hardway.models.qwen3_5:Qwen35", "qwen3_5": "hardway.models.qwen3_5:Qwen35",
+                     "deepseek_v3": "hardway.models.deepseek_v3:DeepseekV3",
+                     "gemma4_text": "hardway.models.gemma4:Gemma4", "gemma4": "hardway.models.gemma4:Gemma4"}
     assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3", "hardway.models.gemma3",
-                "hardway.models.moe", "hardway.models.qwen3_5",
+                "hardway.models.moe", "hardway.models.qwen3_5", "hardway.models.deepseek_v3",
+                "hardway.models.latent_attention", "hardway.models.gemma4",
                 "hardway.models.kv_cache"} & set(imported), imported
 
 
