@@ -11,39 +11,27 @@ import httpx
 import pytest
 import torch
 
-from hardway.decode.generate import generate
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.engine.latent_cache import LatentPagedCache
-from hardway.engine.sequence import SamplingParams
 from hardway.errors import ConfigError
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
+from test_deepseek_v3 import TINY, randomize  # sibling modules: pytest puts tests/ on the path
+from test_qwen35_serving import N_NEW, TEXTS, alone, run  # eight texts, generate alone, the engine run to the end
 
 transformers = pytest.importorskip("transformers")
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its tokenizer: ids below 49152
-N_NEW = 10
 LENGTHS = (5, 70, 12, 130, 33, 1, 90, 47)  # several longer than a step's budget: prefilled in chunks
-GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=[])
 
 
 def random_deepseek_v3(vocab_size: int):
-    config = transformers.DeepseekV3Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, n_group=4, topk_group=2,
-        num_experts_per_tok=3, first_k_dense_replace=1, kv_lora_rank=24, q_lora_rank=20, qk_rope_head_dim=8,
-        qk_nope_head_dim=16, v_head_dim=12, max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+    """Two layers (a dense one, then one with 8 experts in 4 groups), every tensor random, the router's bias too."""
     torch.manual_seed(0)
-    model = transformers.DeepseekV3ForCausalLM(config)
-    with torch.no_grad():  # every tensor random, the router's bias too: a mistake in a norm or the routing shows
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.1 * torch.randn_like(b))
-    return model.eval()
+    return randomize(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **{**TINY, "vocab_size": vocab_size, "num_hidden_layers": 2})))
 
 
 @pytest.fixture(scope="module")
@@ -70,22 +58,9 @@ def prompts(deepseek):
     return [torch.randint(3, model.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
 
 
-def alone(model, ids, n=N_NEW, eos=()):
-    """hardway.generate on one prompt by itself, cut before the first end-of-sequence token."""
-    out = generate(model, torch.tensor([ids]), max_new_tokens=n, eos_token_id=None)[0, len(ids):].tolist()
-    return out[:next((i for i, t in enumerate(out) if t in eos), len(out))]
-
-
 @pytest.fixture(scope="module")
 def expected(deepseek, prompts):
     return [alone(deepseek[0], p) for p in prompts]
-
-
-def run(engine, prompts, params=GREEDY):
-    seqs = [engine.add(p, params) for p in prompts]
-    while engine.has_work():
-        engine.step()
-    return seqs
 
 
 def test_the_pool_holds_latents_only(deepseek):
@@ -102,7 +77,7 @@ def test_the_pool_holds_latents_only(deepseek):
 def test_eight_concurrent_greedy_requests_equal_generate_alone(deepseek, prompts, expected):
     model, tok = deepseek
     engine = Engine(model, tok, EngineConfig(n_blocks=128, block_size=8, max_batch=8, max_step_tokens=48))
-    seqs = run(engine, prompts)
+    seqs, _ = run(engine, prompts)
     assert all(s.finish_reason == "length" for s in seqs), [(s.finish_reason, s.error) for s in seqs]
     assert [s.output_ids for s in seqs] == expected
     assert engine.blocks.n_free == 128
@@ -111,7 +86,7 @@ def test_eight_concurrent_greedy_requests_equal_generate_alone(deepseek, prompts
 def test_a_pool_too_small_preempts_and_answers_stay_the_same(deepseek, prompts, expected):
     model, tok = deepseek
     engine = Engine(model, tok, EngineConfig(n_blocks=20, block_size=8, max_batch=8, max_step_tokens=48))
-    seqs = run(engine, prompts)
+    seqs, _ = run(engine, prompts)
     assert engine.n_preemptions > 0
     assert [s.output_ids for s in seqs] == expected
 
@@ -120,9 +95,9 @@ def test_prefix_caching_shares_latent_blocks(deepseek, prompts, expected):
     """Blocks are blocks: a second request with the first's prompt plus more reads the first's latent blocks."""
     model, tok = deepseek
     engine = PrefixCachingEngine(model, tok, n_blocks=64, block_size=8, max_batch=4, max_step_tokens=64)
-    first = run(engine, [prompts[3]])[0]
+    first = run(engine, [prompts[3]])[0][0]
     longer = prompts[3] + prompts[2]
-    second = run(engine, [longer])[0]
+    second = run(engine, [longer])[0][0]
     assert first.output_ids == expected[3] and second.output_ids == alone(model, longer)
     assert engine.scheduler.n_shared_tokens >= len(prompts[3]) // 8 * 8
 
@@ -133,7 +108,7 @@ def test_the_compiled_decode_step_gives_the_same_tokens(deepseek, prompts, expec
     engine = Engine(model, tok, EngineConfig(n_blocks=64, block_size=8, max_batch=2, compile_sizes=(2,),
                                              backend="eager"))
     engine.runner.decode.compile_now()
-    seqs = run(engine, prompts[:2])
+    seqs, _ = run(engine, prompts[:2])
     assert [s.output_ids for s in seqs] == expected[:2]
 
 
@@ -147,12 +122,6 @@ def server(folder):
                "--max-step-tokens", "32", "--eager")
     yield s
     s.stop()
-
-
-TEXTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a", "def fib(n):", "1, 2, 3,",
-         "A long prompt, longer than one step's budget of thirty-two tokens, so that the server prefills it in "
-         "chunks while the other requests decode: " + "and then " * 8, "Hi", "Lists: apples, pears, plums, figs",
-         "Why is the sky blue? Explain in the words of a child, then in the words of a physicist."]
 
 
 def test_serve_eight_concurrent_equal_alone_and_streamed_equals_whole(server, deepseek, folder):
