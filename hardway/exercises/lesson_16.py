@@ -11,7 +11,7 @@ import gguf.quants
 import numpy as np
 import torch
 
-from hardway.exercises.verdict import Wrong, attempt, exercise_check, expect_tensor
+from hardway.exercises.verdict import Wrong, attempt, exercise_check
 from hardway.formats.gguf import read_gguf
 
 
