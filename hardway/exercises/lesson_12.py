@@ -30,7 +30,8 @@ def _roofline_slip(m, got, bandwidth: float, context_len: int, per_position: int
             weight_bytes(m),
         "the weights: every distinct weight byte is read once a token, whatever the context":
             context_len * per_position,
-        "the keys alone: the values of every cached position are read too": weight_bytes(m) + context_len * per_position // 2,
+        "the keys alone: the values of every cached position are read too":
+            weight_bytes(m) + context_len * per_position // 2,
         "the context length: the cache is read up to the positions cached, not the whole buffer":
             weight_bytes(m) + m.max_seq_len * per_position,
         "a tied head counted twice: it is the embedding table itself, read once": weight_bytes(m) + table

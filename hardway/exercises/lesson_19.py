@@ -299,7 +299,7 @@ def check_rank_bytes(my_rank_bytes, model) -> str:
                         f"{slip}")
     whole = weight_bytes(model)
     r0, r1, r4 = measured[0], measured[1], measured[3]
-    return (f"right on six ranks, against the tensors shard_gpt2 gives each: the lesson's GPT-2 is {whole / 1e6:.1f} MB "
-            f"in one process; over 2 ranks, {r0 / 1e6:.1f} MB on rank 0 ({r0 / whole:.1%}) and {r1 / 1e6:.1f} MB on "
+    return (f"right on six ranks, against the tensors shard_gpt2 gives each: the lesson's GPT-2 is "
+            f"{whole / 1e6:.1f} MB in one process; over 2 ranks, {r0 / 1e6:.1f} MB on rank 0 ({r0 / whole:.1%}) and {r1 / 1e6:.1f} MB on "
             f"rank 1; over 4, {r4 / 1e6:.1f} MB on rank 1 ({r4 / whole:.1%}, not 25%): the position table, the norms "
             f"and the vocabulary's padding are on every rank")

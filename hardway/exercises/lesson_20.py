@@ -151,7 +151,8 @@ WEIGHT_SLIPS = {
     "keys and values have num_key_value_heads heads, not num_attention_heads":
         [_changed(**{"k and v": lambda v, c: v * c.num_attention_heads // c.num_key_value_heads})],
     "a Gemma 3 block has four norms of hidden_size (before and after each sub-layer), and the attention two more of "
-    "head_dim, for q and k": [_changed(**{"block norms": lambda v, c: v // 2}), _changed(**{"q and k norms": lambda v, c: 0}),
+    "head_dim, for q and k": [_changed(**{"block norms": lambda v, c: v // 2}),
+                              _changed(**{"q and k norms": lambda v, c: 0}),
                               _changed(**{"block norms": lambda v, c: v // 2, "q and k norms": lambda v, c: 0})],
     "the MLP has three matrices, gate, up and down": [_changed(mlp=lambda v, c: v * 2 // 3)],
     "the final norm counts too": [_changed(**{"final norm": lambda v, c: 0})],
