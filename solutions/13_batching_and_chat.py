@@ -5,7 +5,6 @@ Try them yourself first: each check in the notebook says right or wrong, and why
 
 import torch
 
-from hardway.text.chat import ChatTemplateError
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -22,21 +21,17 @@ def my_chatml(messages, add_generation_prompt):
     return "".join(parts)
 
 
-# Exercise 2: keep a conversation within `max_tokens`, dropping the oldest exchanges first.
-def my_fit_conversation(chat, messages, max_tokens):
-    head = messages[:1] if messages[0]["role"] == "system" and len(messages) > 1 else []
-    rest = messages[len(head):]
-    while True:
-        kept = head + rest
-        n = len(chat.encode(kept, add_generation_prompt=True))
-        if n <= max_tokens:
-            return kept
-        if len(rest) == 1:  # only the last message is left besides the system message
-            raise ChatTemplateError(f"the system message and the last message alone need {n} tokens, "
-                                    f"more than max_tokens={max_tokens}")
-        rest = rest[1:]  # drop the oldest message, and the answers after it: keep starting at a question
-        while len(rest) > 1 and rest[0]["role"] != "user":
-            rest = rest[1:]
+# Exercise 2: the FLOPs of a left-padded prefill. Every row runs max(lengths) columns, padding included; at each
+# column every matrix product costs 2 FLOPs a multiply-add: q and o (n_heads head_dim wide), k and v (the KV heads'),
+# the MLP's three matrices and the head. Attention adds two products per query head over the whole (T, T) square,
+# scores q k^T and their weighted sum of v: a mask hides scores, it does not skip them.
+def my_prefill_flops(config, lengths):
+    B, T = len(lengths), max(lengths)
+    C, d, I, V = config.hidden_size, config.head_dim, config.intermediate_size, config.vocab_size
+    H, KV, L = config.num_attention_heads, config.num_key_value_heads, config.num_hidden_layers
+    per_column = L * (2 * H * d * C + 2 * KV * d * C + 3 * C * I) + C * V  # multiply-adds
+    attention = L * H * 2 * T * T * d  # multiply-adds, per row
+    return 2 * B * (T * per_column + attention)
 
 
 # Exercise 3: prompts packed end to end in one row.

@@ -57,3 +57,16 @@ def my_schedule(scheduler):
 def my_tokens_this_step(seq, budget):
     uncomputed = len(seq.prompt_ids) + len(seq.output_ids) - seq.n_cached  # after a preemption: everything again
     return min(uncomputed, budget)
+
+
+# Exercise 4: the positions each way of batching computes. Static: groups of batch_size in arrival order, every row
+# padded to its group's longest prompt and run for its group's longest answer; a row computes its padded prompt, then
+# one position a step for every new token but the last (sampled, never fed back). Continuous: each request its own
+# prompt and its own answer, nothing more.
+def my_positions(prompt_lens, wants, batch_size):
+    static = 0
+    for first in range(0, len(wants), batch_size):
+        rows = range(first, min(first + batch_size, len(wants)))
+        static += len(rows) * (max(prompt_lens[i] for i in rows) + max(wants[i] for i in rows) - 1)
+    continuous = sum(p + n - 1 for p, n in zip(prompt_lens, wants))
+    return static, continuous

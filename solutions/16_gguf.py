@@ -3,6 +3,8 @@
 Try them yourself first: each check in the notebook says right or wrong, and why.
 """
 
+import struct
+
 import numpy as np
 
 # (weights per block, bytes per block) of each type the exercises ask about: sections 3 and 3b's tables.
@@ -35,10 +37,19 @@ def my_data_bytes(tensors, alignment: int) -> int:
     return end
 
 
-# Exercise 4: Q4_K's 12 bytes. Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins). Sub-blocks 4-7:
-# the low 4 bits from byte 8+j (scale in its low nibble, min in its high one), the top 2 bits from the 2 bits left
-# over at the top of byte j (scale) and byte 4+j (min).
-def my_unpack_scales_mins(packed: bytes):
-    scales = [packed[j] & 63 for j in range(4)] + [(packed[8 + j] & 15) | ((packed[j] >> 6) << 4) for j in range(4)]
-    mins = [packed[4 + j] & 63 for j in range(4)] + [(packed[8 + j] >> 4) | ((packed[4 + j] >> 6) << 4) for j in range(4)]
-    return scales, mins
+# Exercise 4: one Q6_K super-block by hand. Two halves of 128 weights; in half h, weight r's low 4 bits are in byte
+# 64 h + r % 64 of the first 128 (its low nibble for r < 64, its high nibble after), its high 2 bits in byte
+# 32 h + r % 32 of the next 64, at bits 2 (r // 32) and 2 (r // 32) + 1; scale i // 16 (int8) for weight i; d last.
+def my_q6_k_weights(block: bytes):
+    ql, qh = block[:128], block[128:192]
+    scales = struct.unpack("<16b", block[192:208])
+    (d,) = struct.unpack("<e", block[208:210])
+    weights = []
+    for i in range(256):
+        h, r = divmod(i, 128)
+        low = ql[64 * h + r % 64]
+        low = low & 15 if r < 64 else low >> 4
+        high = (qh[32 * h + r % 32] >> (2 * (r // 32))) & 3
+        q = low | (high << 4)
+        weights.append(float(np.float32(np.float32(d) * np.float32(scales[i // 16])) * np.float32(q - 32)))
+    return weights

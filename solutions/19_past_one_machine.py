@@ -43,11 +43,14 @@ def diagnose(model, ranks, input_ids, tol=1e-4):
     return found
 
 
-# Exercise 3: the bytes each rank sends in one forward pass.
-def my_bytes_sent(n_layer, n_embd, vocab_size, n_tokens, world, bytes_per_value):
-    # 2L + 1 all-reduces of the (tokens, C) stream (the embedding, then two a block), each sending 2(w - 1)/w of it
-    # from every rank (a reduce-scatter, then an all-gather); one all-gather of the (tokens, V_pad) logits, each rank
-    # sending its slice to the w - 1 others: (w - 1)/w of the whole.
-    reduces = (2 * n_layer + 1) * 2 * (world - 1) / world * n_tokens * n_embd
-    gather = (world - 1) / world * n_tokens * vocab_size
-    return (reduces + gather) * bytes_per_value
+# Exercise 3: the bytes of weights one rank holds, which is what it reads to decode a token (all but the position
+# table's other rows).
+def my_rank_bytes(config, rank, world):
+    C, L, D = config.n_embd, config.n_layer, config.d_mlp
+    v_pad = -(-config.vocab_size // 64) * 64  # padded to a multiple of 64, then split: zero rows count too
+    vocab = v_pad // world * C  # the tied table is also the head: once
+    whole = config.n_positions * C + (2 * L + 1) * 2 * C  # the position table and every norm, on every rank
+    split = L * (4 * C * C + 2 * D * C + 3 * C + D) // world  # c_attn, attn.c_proj, c_fc, mlp.c_proj, and the
+    # column-parallel biases (c_attn's, c_fc's), which go with their rows
+    row_biases = 2 * L * C if rank == 0 else 0  # the c_proj biases: rank 0 alone, so the all-reduce adds them once
+    return 4 * (vocab + whole + split + row_biases)

@@ -58,11 +58,16 @@ def my_kv_cache_bytes(config, n_positions, bytes_per_value):
     return every, windowed
 
 
-# Exercise 3: the sliding mask of a left-padded batch.
-def my_sliding_batch_mask(attention_mask, window):
-    S = attention_mask.shape[1]
-    q = torch.arange(S)[:, None]  # (S, 1) query columns
-    s = torch.arange(S)[None, :]  # (1, S) key columns
-    band = (s <= q) & (q - s < window)  # (S, S): causal, and at most window - 1 columns back (padding cancels)
-    real_keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-    return band[None, None] & real_keys  # (B, 1, S, S)
+# Exercise 3: the bytes of weights a decoded token reads: every parameter of the model once. The attention is
+# n_heads x head_dim wide, which need not be hidden_size (270M: 4 x 256 = 1024 against 640); k and v have the KV heads;
+# a block has four norms of hidden_size and q_norm, k_norm of head_dim; the MLP three matrices; a tied head is the
+# table itself.
+def my_weight_bytes(config, bytes_per_value):
+    C, L, V, I = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"], config["intermediate_size"]
+    n, kv, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    attention = 2 * n * d * C + 2 * kv * d * C + 2 * d  # q, o; k, v; q_norm, k_norm
+    if config.get("attention_bias", False):
+        attention += n * d + 2 * kv * d + C
+    block = attention + 4 * C + 3 * C * I
+    head = 0 if config.get("tie_word_embeddings", True) else V * C
+    return bytes_per_value * (V * C + head + L * block + C)

@@ -38,10 +38,19 @@ def test_check_roofline(gpt2):
         per_position = model.new_kv_cache(1, 1).nbytes // 2
         return bandwidth / (bandwidth / solution(model, bandwidth, 0) + context_len * per_position)
 
-    assert check_roofline(weights_only, gpt2).startswith("wrong: this lesson's model at 20 GB/s and 512 cached")
-    assert check_roofline(head_counted_twice, gpt2).startswith("wrong: this lesson's model at 20 GB/s and 0 cached")
-    assert check_roofline(whole_cache, gpt2).startswith("wrong: this lesson's model at 20 GB/s and 0 cached")
-    assert check_roofline(keys_only, gpt2).startswith("wrong: this lesson's model at 20 GB/s and 512 cached")
+    def query_heads_cached(model, bandwidth, context_len):  # grouped-query attention ignored: a cache of every head
+        cache = model.new_kv_cache(1, 1)
+        per_position = cache.nbytes * getattr(model.config, "num_attention_heads", cache.n_kv_heads) // cache.n_kv_heads
+        return bandwidth / (bandwidth / solution(model, bandwidth, 0) + context_len * per_position)
+
+    for wrong, start, term in (
+            (weights_only, "wrong: this lesson's model at 20 GB/s and 512 cached", "the cache"),
+            (head_counted_twice, "wrong: this lesson's model at 20 GB/s and 0 cached", "a tied head counted twice"),
+            (whole_cache, "wrong: this lesson's model at 20 GB/s and 0 cached", "the context length"),
+            (keys_only, "wrong: this lesson's model at 20 GB/s and 512 cached", "the keys alone"),
+            (query_heads_cached, "wrong: a small Llama with GQA at 20 GB/s and 512 cached", "the query heads")):
+        verdict = check_roofline(wrong, gpt2)
+        assert verdict.startswith(start) and f"look again at {term}" in verdict, (wrong.__name__, verdict)
 
 
 def test_check_recompile_predictions():

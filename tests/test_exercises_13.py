@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import hardway
-from hardway.text.chat import ChatTemplate, ChatTemplateError
-from hardway.exercises.lesson_13 import (check_chatml, check_fit_conversation, check_pack,
+from hardway.text.chat import ChatTemplate
+from hardway.exercises.lesson_13 import (check_chatml, check_pack, check_prefill_flops,
                                          check_right_padded_next_logits)
 from hardway.formats.hub import checkpoint
 from exercise_solutions import load_solutions
@@ -45,37 +45,36 @@ def test_check_chatml(solution, chat):
     assert check_chatml(no_trailing_newline, chat).startswith("wrong: conversation 0 (add_generation_prompt=False)")
 
 
-def test_check_fit_conversation(solution, chat):
-    assert check_fit_conversation(None, chat).startswith("not attempted yet")
-    assert check_fit_conversation(solution.my_fit_conversation, chat).startswith("right")
+def test_check_prefill_flops(solution, model):
+    assert check_prefill_flops(None).startswith("not attempted yet")
+    verdict = check_prefill_flops(solution.my_prefill_flops, model)
+    assert verdict.startswith("right") and "on the padding" in verdict, verdict
 
-    def drops_newest(chat, messages, max_tokens):  # keeps the oldest instead
-        kept = list(messages)
-        while len(chat.encode(kept, add_generation_prompt=True)) > max_tokens and len(kept) > 2:
-            del kept[-2]
-        return kept
+    def real_tokens_only(config, lengths):  # as if padding cost nothing: each prompt alone
+        return sum(solution.my_prefill_flops(config, [n]) for n in lengths)
 
-    def never_refuses(chat, messages, max_tokens):
-        try:
-            return solution.my_fit_conversation(chat, messages, max_tokens)
-        except ChatTemplateError:
-            return [messages[0], messages[-1]]
+    def last_position_head(config, lengths):
+        return solution.my_prefill_flops(config, lengths) - 2 * len(lengths) * (max(lengths) - 1) * \
+            config.hidden_size * config.vocab_size
 
-    def drops_the_system_message(chat, messages, max_tokens):
-        return solution.my_fit_conversation(chat, messages[1:], max_tokens)
+    def causal_half(config, lengths):  # the mask taken to skip the hidden scores
+        T, H, d = max(lengths), config.num_attention_heads, config.head_dim
+        return solution.my_prefill_flops(config, lengths) - config.num_hidden_layers * len(lengths) * 2 * H * 2 * d * (
+            T * T - T * (T + 1) // 2)
 
-    def one_message_at_a_time(chat, messages, max_tokens):  # leaves an answer whose question is gone
-        head, rest = messages[:1], messages[1:]
-        while len(chat.encode(head + rest, add_generation_prompt=True)) > max_tokens and len(rest) > 1:
-            rest = rest[1:]
-        return head + rest
+    def kv_with_every_head(config, lengths):
+        return solution.my_prefill_flops(config, lengths) + 2 * len(lengths) * max(lengths) * \
+            config.num_hidden_layers * 2 * (config.num_attention_heads - config.num_key_value_heads) * \
+            config.head_dim * config.hidden_size
 
-    assert check_fit_conversation(drops_newest, chat).startswith("wrong: with max_tokens=")
-    assert check_fit_conversation(one_message_at_a_time, chat).startswith("wrong: with max_tokens=")
-    assert "raise ChatTemplateError" in check_fit_conversation(never_refuses, chat)
-    assert check_fit_conversation(drops_the_system_message, chat).startswith("wrong:")
-    assert check_fit_conversation(lambda c, m, n: 1 / 0, chat).startswith(
-        "wrong: my_fit_conversation raised ZeroDivisionError")
+    def multiply_adds(config, lengths):
+        return solution.my_prefill_flops(config, lengths) // 2
+
+    for wrong, words in ((real_tokens_only, "padding included"), (last_position_head, "not only the last"),
+                         (causal_half, "it does not skip them"), (kv_with_every_head, "num_key_value_heads"),
+                         (multiply_adds, "2 FLOPs")):
+        verdict = check_prefill_flops(wrong)
+        assert verdict.startswith("wrong:") and words in verdict, (wrong.__name__, verdict)
 
 
 def test_check_pack(solution):

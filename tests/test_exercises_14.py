@@ -5,7 +5,8 @@ stand-in) with the learner's piece in place."""
 import pytest
 
 from hardway.formats.hub import checkpoint
-from hardway.exercises.lesson_14 import check_block_manager, check_schedule, check_tokens_this_step
+from hardway.exercises.lesson_14 import (check_batching_work, check_block_manager, check_schedule,
+                                         check_tokens_this_step)
 from hardway.loading import load
 from hardway.engine.scheduler import ScheduledBatch
 from hardway.text.tokenizer import load_tokenizer
@@ -155,3 +156,30 @@ def test_check_tokens_this_step(gpt2, sol):
                                                              else min(len(seq.tokens) - seq.n_cached, budget))
     wrong = check_tokens_this_step(forgets_outputs_after_preemption, model, tok)
     assert wrong.startswith("wrong") and "preempted" in wrong, wrong
+
+
+def test_check_batching_work(gpt2, sol):
+    model, tokenizer = gpt2
+    assert check_batching_work(None, model, tokenizer).startswith("not attempted yet")
+    verdict = check_batching_work(sol.my_positions, model, tokenizer)
+    assert verdict.startswith("right") and "fewer" in verdict, verdict
+
+    def rows_stop_when_done(prompt_lens, wants, batch_size):  # static rows taken to stop at their own max_tokens
+        static = sum(max(prompt_lens[f:f + batch_size]) + n - 1 for f in range(0, len(wants), batch_size)
+                     for n in wants[f:f + batch_size])
+        return static, sol.my_positions(prompt_lens, wants, batch_size)[1]
+
+    def no_padding(prompt_lens, wants, batch_size):
+        static = sum(p + max(wants[f:f + batch_size]) - 1 for f in range(0, len(wants), batch_size)
+                     for p in prompt_lens[f:f + batch_size])
+        return static, sol.my_positions(prompt_lens, wants, batch_size)[1]
+
+    def last_token_fed_back(prompt_lens, wants, batch_size):
+        static, continuous = sol.my_positions(prompt_lens, wants, batch_size)
+        return static + len(wants), continuous + len(wants)
+
+    for wrong, words in ((rows_stop_when_done, "its answer finished or not"), (no_padding, "padding is computed"),
+                         (last_token_fed_back, "never fed back"),
+                         (lambda p, n, b: sum(p) + sum(n), "return a pair")):
+        verdict = check_batching_work(wrong, model, tokenizer)
+        assert verdict.startswith("wrong:") and words in verdict, (getattr(wrong, "__name__", wrong), verdict)

@@ -1,13 +1,15 @@
 """Lesson 16's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
+import struct
+
 import numpy as np
 import pytest
 
 from exercise_solutions import load_solutions
 from hardway.formats.gguf import gemma3_gguf, smollm2_gguf
 from hardway.formats.hub import models_dir
-from hardway.exercises.lesson_16 import (check_data_bytes, check_diagnosis, check_q4_k_scales, check_tensor_bytes,
+from hardway.exercises.lesson_16 import (check_data_bytes, check_diagnosis, check_q6_k_weights, check_tensor_bytes,
                                          planted_q4_1_dequantizers)
 
 
@@ -100,43 +102,54 @@ def test_check_data_bytes(solution, path):
         assert check_data_bytes(wrong, path, gemma_path).startswith("wrong:"), wrong.__name__
 
 
-def test_check_q4_k_scales(solution):
+def test_check_q6_k_weights(solution):
     path = gemma3_gguf(models_dir() / "gguf")
-    assert check_q4_k_scales(None, path).startswith("not attempted yet")
-    assert check_q4_k_scales(solution.my_unpack_scales_mins, path).startswith("right")
+    assert check_q6_k_weights(None, path).startswith("not attempted yet")
+    assert check_q6_k_weights(solution.my_q6_k_weights, path).startswith("right")
 
-    def nibbles_swapped(packed):  # sub-blocks 4-7: the scale from byte 8+j's high nibble, the min from its low one
-        scales, mins = solution.my_unpack_scales_mins(packed)
-        for j in range(4):
-            scales[4 + j] = (packed[8 + j] >> 4) | ((packed[j] >> 6) << 4)
-            mins[4 + j] = (packed[8 + j] & 15) | ((packed[4 + j] >> 6) << 4)
-        return scales, mins
+    def weights(block, low_at, high_at, scale_of=lambda i, s: s[i // 16], offset=32, d_at=208):
+        """A Q6_K reader whose every part can be moved: low_at(h, r) -> (byte, shift), high_at(h, r) -> (byte,
+        shift), scale_of(i, scales), d at bytes d_at, d_at + 1."""
+        scales = struct.unpack("<16b", block[192:208])
+        (d,) = struct.unpack("<e", block[d_at:d_at + 2])
+        out = []
+        for i in range(256):
+            h, r = divmod(i, 128)
+            (lb, ls), (hb, hs) = low_at(h, r), high_at(h, r)
+            q = ((block[lb] >> ls) & 15) | (((block[128 + hb] >> hs) & 3) << 4)
+            out.append(float(np.float32(np.float32(d) * np.float32(scale_of(i, scales))) * np.float32(q - offset)))
+        return out
 
-    def low_and_high_bits_swapped(packed):  # sub-blocks 4-7: byte 8+j's nibble as the top bits, bits 6-7 as the low
-        scales, mins = solution.my_unpack_scales_mins(packed)
-        for j in range(4):
-            scales[4 + j] = ((packed[8 + j] & 15) << 2) | (packed[j] >> 6)
-            mins[4 + j] = ((packed[8 + j] >> 4) << 2) | (packed[4 + j] >> 6)
-        return scales, mins
+    def right_low(h, r):
+        return 64 * h + r % 64, 0 if r < 64 else 4
 
-    def no_top_bits(packed):  # sub-blocks 4-7 from byte 8+j alone: their top 2 bits forgotten
-        scales, mins = solution.my_unpack_scales_mins(packed)
-        for j in range(4):
-            scales[4 + j], mins[4 + j] = packed[8 + j] & 15, packed[8 + j] >> 4
-        return scales, mins
+    def right_high(h, r):
+        return 32 * h + r % 32, 2 * (r // 32)
 
-    def eight_bits(packed):  # sub-blocks 0-3 with the top 2 bits of their bytes left on
-        scales, mins = solution.my_unpack_scales_mins(packed)
-        return [packed[j] for j in range(4)] + scales[4:], [packed[4 + j] for j in range(4)] + mins[4:]
+    def q4_k_nibbles(block):  # Q4_K's runs of 32 bytes (low nibbles, then high) for the low bits
+        return weights(block, lambda h, r: (64 * h + 32 * (r // 64) + r % 32, 4 * ((r // 32) % 2)), right_high)
 
-    def mins_first(packed):
-        scales, mins = solution.my_unpack_scales_mins(packed)
-        return mins, scales
+    def neighbours_share_a_byte(block):  # weights 2k and 2k+1 in one byte's low and high nibble
+        return weights(block, lambda h, r: (64 * h + r // 2, 4 * (r % 2)), right_high)
 
-    for wrong in (nibbles_swapped, low_and_high_bits_swapped, no_top_bits):
-        verdict = check_q4_k_scales(wrong, path)
-        assert verdict.startswith("wrong:") and "sub-block " in verdict and "top 2 bits" in verdict, (wrong.__name__, verdict)
-        assert any(f"sub-block {j}'s" in verdict for j in range(4, 8)), verdict  # it names the sub-block that differs
-    for wrong in (eight_bits, mins_first):
-        verdict = check_q4_k_scales(wrong, path)
-        assert verdict.startswith("wrong:") and "sub-block " in verdict, (wrong.__name__, verdict)
+    def high_bits_in_fours(block):  # four neighbouring weights' high bits in one byte
+        return weights(block, right_low, lambda h, r: (32 * h + r // 4, 2 * (r % 4)))
+
+    def unsigned_scales(block):
+        return weights(block, right_low, right_high, scale_of=lambda i, s: s[i // 16] % 256)
+
+    def a_scale_per_32(block):  # Q4_K's sub-blocks of 32
+        return weights(block, right_low, right_high, scale_of=lambda i, s: s[i // 32])
+
+    def no_offset(block):
+        return weights(block, right_low, right_high, offset=0)
+
+    def d_first(block):  # d where Q4_K keeps it, bytes 0-1
+        return weights(block, right_low, right_high, d_at=0)
+
+    expected_words = {q4_k_nibbles: "low 4 bits", neighbours_share_a_byte: "low 4 bits",
+                      high_bits_in_fours: "high 2 bits", unsigned_scales: "signed", a_scale_per_32: "one scale per 16",
+                      no_offset: "offset by 32", d_first: "the last two bytes"}
+    for wrong, words in expected_words.items():
+        verdict = check_q6_k_weights(wrong, path)
+        assert verdict.startswith("wrong:") and words in verdict, (wrong.__name__, verdict)

@@ -1,12 +1,15 @@
 """Lesson 17's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers."""
 
+import copy
+
 import pytest
 import torch
 
+import hardway
 from exercise_solutions import load_solutions
 from hardway.formats.gguf import smollm2_gguf
-from hardway.exercises.lesson_17 import check_int4_bytes, check_int8_row_errors
+from hardway.exercises.lesson_17 import check_bytes_read, check_int8_row_errors
 
 
 @pytest.fixture(scope="module")
@@ -19,26 +22,47 @@ def path(tmp_path_factory):
     return smollm2_gguf(tmp_path_factory.mktemp("gguf"))
 
 
-def test_check_int4_bytes(solution):
-    assert check_int4_bytes(None).startswith("not attempted yet")
-    verdict = check_int4_bytes(solution.my_int4_bytes)
-    assert verdict.startswith("right") and "group 32: 5.00 bits a weight" in verdict, verdict
+@pytest.fixture(scope="module")
+def model(path):
+    return hardway.load(path)
 
-    def no_minimums(out_features, in_features, group_size):  # Q4_0's bytes: a scale, no minimum
-        return out_features * in_features // 2 + out_features * (in_features // group_size) * 2
 
-    def fp32_scales(out_features, in_features, group_size):
-        return out_features * in_features // 2 + out_features * (in_features // group_size) * 8
+def test_check_bytes_read(solution, model):
+    assert check_bytes_read(None, model).startswith("not attempted yet")
+    verdict = check_bytes_read(solution.my_bytes_read, model)
+    assert verdict.startswith("right") and "int4, groups of 32" in verdict, verdict
 
-    def one_scale_per_row(out_features, in_features, group_size):
-        return out_features * in_features // 2 + out_features * 4
+    def table_read(m, bits, group):  # the embedding table counted as read, as fp32
+        return solution.my_bytes_read(m, bits, group) + m.tok_emb.weight.nbytes
 
-    def a_byte_a_weight(out_features, in_features, group_size):
-        return out_features * in_features + out_features * (in_features // group_size) * 4
+    def head_as_the_table(m, bits, group):  # a tied head read as the fp32 table, not as its quantized copy
+        if m.lm_head.weight is not m.tok_emb.weight:
+            return solution.my_bytes_read(m, bits, group)
+        head = copy.deepcopy(m)
+        head.lm_head = torch.nn.Identity()
+        return solution.my_bytes_read(head, bits, group) + m.tok_emb.weight.nbytes
 
-    for wrong in (no_minimums, fp32_scales, one_scale_per_row, a_byte_a_weight):
-        verdict = check_int4_bytes(wrong)
-        assert verdict.startswith("wrong:") and "half a byte a weight" in verdict, (wrong.__name__, verdict)
+    def no_scales(m, bits, group):
+        return sum(l.weight.numel() * bits // 8 for l in m.modules() if isinstance(l, torch.nn.Linear)) + \
+            sum(p.nbytes for n, p in m.named_parameters() if "norm" in n or n.endswith(".bias"))
+
+    def int4_a_byte_a_weight(m, bits, group):
+        return solution.my_bytes_read(m, 8 if bits == 4 else bits, group) + (
+            sum(l.weight.shape[0] * l.weight.shape[1] // (group or 32) * 2 for l in m.modules()
+                if isinstance(l, torch.nn.Linear)) if bits == 4 else 0)
+
+    def no_norms(m, bits, group):
+        return solution.my_bytes_read(m, bits, group) - sum(p.nbytes for n, p in m.named_parameters() if "norm" in n)
+
+    expected_words = {table_read: "the embedding table is stored, not read",
+                      head_as_the_table: "the embedding table is stored, not read",
+                      int4_a_byte_a_weight: "two int4 weights share a byte",
+                      no_norms: "the norms stay fp32"}
+    for wrong, words in expected_words.items():
+        verdict = check_bytes_read(wrong, model)
+        assert verdict.startswith("wrong:") and words in verdict, (wrong.__name__, verdict)
+    verdict = check_bytes_read(no_scales, model)
+    assert verdict.startswith("wrong:") and "reads" in verdict, verdict
 
 
 def test_check_int8_row_errors(solution, path):

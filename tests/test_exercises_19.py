@@ -1,16 +1,13 @@
 """Lesson 19's exercise checks: each passes the reference solution, says "not attempted" for None, and fails
 plausible wrong answers, for the reason a learner would need to hear."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from exercise_solutions import load_solutions
-from hardway.exercises.lesson_19 import (PLANTED, check_bytes_sent, check_diagnosis, check_greedy_pick,
+from hardway.exercises.lesson_19 import (PLANTED, check_diagnosis, check_greedy_pick, check_rank_bytes,
                                          planted_split)
 from hardway.formats.hub import checkpoint
 from hardway.loading import load
-from hardway.tensor_parallel import Collective
 from hardway.text.tokenizer import load_tokenizer
 
 
@@ -80,42 +77,38 @@ def test_check_diagnosis(gpt2, sol):
     assert check_diagnosis([{"layer": 3, "half": "MLP", "fault": "bias"}]).startswith("wrong: half 'MLP'")
 
 
-def fake_run(n_layer=12, C=768, T=7, V=50257, world=2):
-    """A TPRun's log as the two processes write it: 2L + 1 all-reduces of (tokens, C) and one all-gather of a rank's
-    slice of the padded logits, for the prompt's pass and for a decode step."""
-    def pass_log(tokens):
-        return ([Collective("all_reduce", tokens * C, 4)] * (2 * n_layer + 1) +
-                [Collective("all_gather", tokens * 50304 // world, 4)])
-    return SimpleNamespace(prompt_logits=torch.zeros(T, V), collectives=[pass_log(T), pass_log(1)])
+def test_check_rank_bytes(gpt2, sol):
+    model, _ = gpt2
+    assert check_rank_bytes(None, model).startswith("not attempted yet")
+    verdict = check_rank_bytes(sol.my_rank_bytes, model)
+    assert verdict.startswith("right") and "on rank 0" in verdict, verdict
 
+    def parts(config, rank, world):  # the right count, by kind, for the wrong ones to change
+        C, L, D = config.n_embd, config.n_layer, config.d_mlp
+        return dict(vocab=-(-config.vocab_size // 64) * 64 // world * C, wpe=config.n_positions * C,
+                    norms=(2 * L + 1) * 2 * C, split=L * (4 * C * C + 2 * D * C + 3 * C + D) // world,
+                    row_biases=2 * L * C if rank == 0 else 0)
 
-def test_check_bytes_sent(sol):
-    assert check_bytes_sent(None).startswith("not attempted yet")
-    assert check_bytes_sent(sol.my_bytes_sent).startswith("right")
-    result = check_bytes_sent(sol.my_bytes_sent, fake_run())
-    assert result.startswith("right") and "177,408 for a decode step" in result, result
+    def counted(**changes):
+        def count(config, rank, world):
+            p = parts(config, rank, world)
+            for kind, change in changes.items():
+                p[kind] = change(p[kind], config, world)
+            return 4 * sum(p.values())
+        return count
 
-    def blocks_only(L, C, V, T, w, b):  # the formula from before the vocabulary was split
-        return 2 * L * 2 * (w - 1) / w * T * C * b
-
-    def no_head(L, C, V, T, w, b):
-        return (2 * L + 1) * 2 * (w - 1) / w * T * C * b
-
-    def gather_as_all_reduce(L, C, V, T, w, b):  # the all-gather counted like an all-reduce
-        return ((2 * L + 1) * T * C + T * V) * 2 * (w - 1) / w * b
-
-    def whole_tensor_each_time(L, C, V, T, w, b):  # no ring: the full tensor from every rank
-        return ((2 * L + 1) * T * C + T * V) * b
-
-    def the_mlps_width(L, C, V, T, w, b):
-        return sol.my_bytes_sent(L, 4 * C, V, T, w, b)
-
-    assert "only the blocks are counted" in check_bytes_sent(blocks_only)
-    assert "the head's all-gather is missing" in check_bytes_sent(no_head)
-    assert "an all-gather sends (w - 1)/w of the gathered whole" in check_bytes_sent(gather_as_all_reduce)
-    assert "a ring sends a fraction of each tensor" in check_bytes_sent(whole_tensor_each_time)
-    assert "the residual stream, (tokens, C), not the MLP's 4C" in check_bytes_sent(the_mlps_width)
-    # A log with one all-reduce more than the formula counts: the check reads the log, not the formula alone.
-    extra = fake_run()
-    extra.collectives[-1] = extra.collectives[-1][:1] + extra.collectives[-1]
-    assert "a decode step of the two processes logged" in check_bytes_sent(sol.my_bytes_sent, extra)
+    wrong_answers = {
+        "the layer norms are whole": counted(norms=lambda v, c, w: v // w),
+        "the position embedding is whole": counted(wpe=lambda v, c, w: 0),
+        "padded to a multiple of 64": counted(vocab=lambda v, c, w: c.vocab_size * c.n_embd // w),
+        "tied": counted(vocab=lambda v, c, w: 2 * v),
+        "on rank 0 alone": counted(row_biases=lambda v, c, w: 2 * c.n_layer * c.n_embd),  # on every rank
+        "only the blocks' matrices": lambda c, r, w: 4 * c.n_layer * (4 * c.n_embd ** 2 + 2 * c.d_mlp * c.n_embd) // w,
+        "everything divided by the world": lambda c, r, w: 4 * sum(parts(c, 0, 1).values()) // w,
+    }
+    for words, wrong in wrong_answers.items():
+        verdict = check_rank_bytes(wrong, model)
+        assert verdict.startswith("wrong:") and "its shards measure" in verdict, (words, verdict)
+        if words != "everything divided by the world":  # no single slip: the general hint
+            assert words in verdict, (words, verdict)
+    assert "which only rank 0 has" in check_rank_bytes(wrong_answers["everything divided by the world"], model)

@@ -6,7 +6,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from exercise_solutions import load_solutions
 from hardway.exercises.lesson_20 import (GEMMA3_270M, PLANTED, check_diagnosis, check_kv_cache_bytes,
-                                         check_sliding_batch_mask, planted_gemma)
+                                         check_weight_bytes, planted_gemma)
 from hardway.loading import load
 
 
@@ -89,31 +89,36 @@ def test_check_kv_cache_bytes(sol):
     assert result.startswith("wrong") and "min(W, n)" in result, result
 
 
-def test_check_sliding_batch_mask(sol):
-    assert check_sliding_batch_mask(None).startswith("not attempted yet")
-    result = check_sliding_batch_mask(sol.my_sliding_batch_mask)
-    assert result.startswith("right"), result
+def test_check_weight_bytes(sol):
+    assert check_weight_bytes(None).startswith("not attempted yet")
+    result = check_weight_bytes(sol.my_weight_bytes)
+    assert result.startswith("right") and "Gemma 3 270M reads 536 MB" in result, result
 
-    def no_padding(attention_mask, window):
-        return sol.my_sliding_batch_mask(torch.ones_like(attention_mask), window)
+    def head_twice(config, b):  # the tie ignored: the head counted as a matrix of its own
+        return sol.my_weight_bytes({**config, "tie_word_embeddings": False}, b)
 
-    def off_by_one(attention_mask, window):
-        return sol.my_sliding_batch_mask(attention_mask, window + 1)
+    def attention_c_wide(config, b):  # q, k, v and o as (C, C): n_heads x head_dim taken to be hidden_size
+        C, n, kv, d = (config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
+        return sol.my_weight_bytes(config, b) + b * config["num_hidden_layers"] * (4 * C * C - 2 * (n + kv) * d * C)
 
-    def not_causal(attention_mask, window):
-        S = attention_mask.shape[1]
-        q, s = torch.arange(S)[:, None], torch.arange(S)[None, :]
-        return ((q - s).abs() < window)[None, None] & attention_mask.bool()[:, None, None, :]
+    def kv_with_every_head(config, b):
+        return sol.my_weight_bytes({**config, "num_key_value_heads": config["num_attention_heads"]}, b) - (
+            b * config["num_hidden_layers"] * 2 * config["head_dim"] * (config["num_attention_heads"]
+                                                                        - config["num_key_value_heads"])
+            if config.get("attention_bias") else 0)
 
-    def window_from_row_start(attention_mask, window):  # the window counted from each row's first real token
-        out = sol.my_sliding_batch_mask(attention_mask, window).clone()
-        pads = (attention_mask == 0).sum(1)
-        for b, p in enumerate(pads.tolist()):
-            out[b] = sol.my_sliding_batch_mask(attention_mask[b:b + 1], window + p)[0]
-        return out
+    def two_norms_a_block(config, b):  # Llama's two
+        return sol.my_weight_bytes(config, b) - b * config["num_hidden_layers"] * 2 * config["hidden_size"]
 
-    for wrong, why in ((no_padding, "padding"), (off_by_one, "sees itself"), (not_causal, "after the query"),
-                       (window_from_row_start, "sees itself"),
-                       (lambda m, w: sol.my_sliding_batch_mask(m, w).float(), "bool tensor")):
-        result = check_sliding_batch_mask(wrong)
-        assert result.startswith("wrong") and why in result, (getattr(wrong, "__name__", wrong), result)
+    def no_qk_norms(config, b):
+        return sol.my_weight_bytes(config, b) - b * config["num_hidden_layers"] * 2 * config["head_dim"]
+
+    def two_mlp_matrices(config, b):
+        return sol.my_weight_bytes(config, b) - b * config["num_hidden_layers"] * config["hidden_size"] * \
+            config["intermediate_size"]
+
+    for wrong, why in ((head_twice, "tied head"), (attention_c_wide, "not hidden_size"),
+                       (kv_with_every_head, "num_key_value_heads heads"), (two_norms_a_block, "four norms"),
+                       (no_qk_norms, "for q and k"), (two_mlp_matrices, "three matrices")):
+        result = check_weight_bytes(wrong)
+        assert result.startswith("wrong") and why in result, (wrong.__name__, result)

@@ -239,8 +239,8 @@ class ChatTemplate:
 def fit_conversation(chat: ChatTemplate, messages: list[dict], max_tokens: int) -> list[dict]:
     """The messages to send so that the prompt (with the generation prompt) has at most `max_tokens` tokens: a leading
     system message and the last message stay, the others go oldest first, a whole exchange at a time: a user message
-    leaves with the answers after it, so the kept part starts with a question (exercise 2's rule; `hardway chat` uses
-    it). A ChatTemplateError when even those two do not fit."""
+    leaves with the answers after it, so the kept part starts with a question (`hardway chat` uses it). A
+    ChatTemplateError when even those two do not fit."""
     head = messages[:1] if messages[0]["role"] == "system" and len(messages) > 1 else []
     rest = messages[len(head):]
     cuts = [0] + [k for k in range(1, len(rest)) if rest[k]["role"] == "user"] + [len(rest) - 1]  # where we may cut
