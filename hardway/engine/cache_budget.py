@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from hardway.engine.block_manager import sliding_block_manager
 from hardway.engine.config import EngineConfig
 from hardway.engine.model_runner import new_paged_cache
 from hardway.errors import ConfigError
