@@ -38,6 +38,7 @@ MODEL_CLASSES = {
     "qwen3_moe": "hardway.models.moe:MoE",  # lesson 21: Qwen3's attention, experts where the config says
     "qwen3_5_text": "hardway.models.qwen3_5:Qwen35",  # lesson 27: Gated DeltaNet layers and gated attention
     "qwen3_5": "hardway.models.qwen3_5:Qwen35",       # lesson 27: the same, shipped with a vision tower beside it
+    "gpt_oss": "hardway.models.gpt_oss:GptOss",       # lesson 31: attention sinks, experts in MXFP4
 }
 
 

@@ -1,0 +1,86 @@
+"""hardway.formats.mxfp4 against its two references: transformers' convert_moe_packed_tensors (openai's layout) and
+the gguf package's MXFP4 (ggml's), bit for bit; our writer against the gguf package's quantizer; the blocks'
+product against the dequantized matrix's; and the damaged files refused in one line."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+from hardway.errors import CheckpointError
+from hardway.formats.mxfp4 import (dequantize_ggml, dequantize_openai, ggml_to_openai, mxfp4_matmul,
+                                   openai_to_ggml, quantize_openai)
+
+MXFP4 = GGMLQuantizationType.MXFP4
+
+
+def random_blocks(shape, seed=0, low=100, high=140):
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (*shape, 16), generator=g, dtype=torch.uint8)  # every nibble, both signs of zero
+    scales = torch.randint(low, high, shape, generator=g, dtype=torch.uint8)
+    return blocks, scales
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_openai_layout_equals_transformers_bit_for_bit(dtype):
+    blocks, scales = random_blocks((3, 10, 4))  # (E, rows, G)
+    blocks[0, 0, 0], scales[0, 0] = 0x8F, 0  # -0 and -6, the smallest scale
+    theirs = convert_moe_packed_tensors(blocks, scales, dtype=dtype)  # (E, G · 32, rows)
+    ours = dequantize_openai(blocks, scales, dtype=dtype).transpose(1, 2)
+    assert ours.dtype == theirs.dtype and torch.equal(ours.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                                                      theirs.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+def test_ggml_layout_equals_the_gguf_package_and_the_two_layouts_agree():
+    blocks, scales = random_blocks((6, 5), low=0, high=255)  # every scale byte but NaN's, 0 included
+    raw = openai_to_ggml(blocks, scales)  # (6, 5 · 17)
+    theirs = gguf_dequantize(raw.numpy(), MXFP4)  # (6, 160)
+    ours = dequantize_ggml(raw).reshape(6, -1)
+    assert np.array_equal(ours.numpy().view(np.uint32), theirs.view(np.uint32))
+    assert torch.equal(dequantize_openai(blocks[:, :3], scales[:, :3]), dequantize_ggml(raw[:, :51]).reshape(6, -1))
+    back_blocks, back_scales = ggml_to_openai(raw)
+    assert torch.equal(back_blocks, blocks) and torch.equal(back_scales, scales)
+
+
+def test_our_writer_chooses_the_gguf_packages_codes():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 96, generator=g) * torch.logspace(-3, 2, 16)[:, None]  # scales over five decades
+    w[0, :32] = 0  # a block of zeros
+    w[1, :32] = torch.tensor([6.0, -4.0, 1.25] + [0.0] * 29)  # a tie: 1.25 is as near 1 as 1.5
+    blocks, scales = quantize_openai(w)
+    theirs = gguf_quantize(w.numpy(), MXFP4)  # (16, 3 · 17)
+    assert np.array_equal(openai_to_ggml(blocks, scales).numpy(), theirs)
+    error = (dequantize_openai(blocks, scales) - w).abs().max(dim=-1).values / w.abs().max(dim=-1).values
+    assert error.max() <= 0.25  # a half step of E2M1 at its coarsest (between 4 and 6: 1 in 6, a sixth of max)
+
+
+@pytest.mark.parametrize("round_x", [False, True])
+def test_the_blocks_product_equals_the_dequantized_matrix(round_x):
+    from hardway.kernels.quantized import round_activations
+    blocks, scales = random_blocks((40, 3), seed=5)
+    raw = openai_to_ggml(blocks, scales)  # (40, 51): 40 rows of 96 weights
+    x = torch.randn(7, 96, generator=torch.Generator().manual_seed(6))
+    w = dequantize_openai(blocks, scales)  # (40, 96)
+    expected = (round_activations(x) if round_x else x) @ w.T
+    assert (mxfp4_matmul(x, raw, round_x=round_x) - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_a_nan_scale_is_one_clear_line():
+    blocks, scales = random_blocks((2, 3, 2))
+    scales[1, 2, 0] = 0xFF
+    with pytest.raises(CheckpointError, match="0xFF, which E8M0 reserves for NaN"):
+        dequantize_openai(blocks, scales, what="model.layers.0.mlp.experts.down_proj")
+    with pytest.raises(CheckpointError, match="0xFF"):
+        dequantize_ggml(openai_to_ggml(blocks[0], scales[0]) if False else torch.cat(
+            [torch.tensor([255], dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)]))
+
+
+def test_a_scale_too_large_for_the_dtype_and_a_wrong_shape_are_refused():
+    blocks, scales = random_blocks((2, 2))
+    blocks[0, 0, 0], scales[0, 0] = 0x07, 254  # 6 × 2^127: past float32's largest
+    with pytest.raises(CheckpointError, match="beyond the range"):
+        dequantize_openai(blocks, scales)
+    with pytest.raises(CheckpointError, match=r"need uint8 \(\.\.\., G, 16\)"):
+        dequantize_openai(blocks[..., :8], scales)
