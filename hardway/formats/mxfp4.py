@@ -16,7 +16,6 @@ import torch
 from hardway.contract import Checkpoint
 from hardway.errors import CheckpointError
 from hardway.formats.gguf_quants import DEQUANTIZE, TENSOR_TYPES  # lesson 16
-from hardway.kernels.quantized import round_activations  # lesson 26
 
 BLOCK = 32  # weights a block
 GGML_MXFP4 = 39  # ggml's type id
@@ -102,12 +101,11 @@ def quantize_openai(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes[..., 0::2] | (codes[..., 1::2] << 4), scales
 
 
-def mxfp4_matmul(x: torch.Tensor, blocks: torch.Tensor, round_x: bool = False) -> torch.Tensor:
+def mxfp4_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """x (rows, in) times the matrix whose rows are ggml's MXFP4 `blocks` (out, in/32 · 17), transposed ->
     (rows, out). Lesson 26's torch path for one more block type: a slice of rows dequantized at a time, never the
-    whole matrix. round_x: x first rounded to int8 in blocks of 32 (lesson 26's round_activations), as llama.cpp
-    multiplies an MXFP4 row by a Q8_0 one; by default x as it is, so the product is the dequantized model's."""
-    xr = round_activations(x) if round_x else x.float()  # (rows, in) fp32
+    whole matrix. x stays as it is (llama.cpp rounds it to Q8_0 first), so the product is the dequantized model's."""
+    xr = x.float()  # (rows, in)
     y = xr.new_empty(x.shape[0], blocks.shape[0])  # (rows, out)
     for lo in range(0, blocks.shape[0], ROWS_AT_ONCE):
         w = dequantize_ggml(blocks[lo:lo + ROWS_AT_ONCE]).reshape(-1, x.shape[1])  # (slice, in)
