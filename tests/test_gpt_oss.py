@@ -67,11 +67,12 @@ def test_logits_and_greedy_tokens_equal_transformers(case, tmp_path):
     with torch.inference_mode():
         delta = (ours(ids) - theirs(ids).logits).abs().max().item()
         assert delta <= MAX_DELTA, delta
-        expected = theirs.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, min_new_tokens=12)
-        assert torch.equal(generate(ours, ids, 12, eos_token_id=None), expected)
-        assert torch.equal(generate(ours, ids, 4, eos_token_id=None, use_cache=False), expected[:, :44])
-        step = StaticDecodeStep(ours, max_len=60, backend="eager")  # lesson 12's static cache, every slot masked
-        assert torch.equal(step.generate(ids, 12, eos_token_id=None), expected)
+        expected = theirs.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, min_new_tokens=8)
+        assert torch.equal(generate(ours, ids, 8, eos_token_id=None), expected)
+        assert torch.equal(generate(ours, ids, 3, eos_token_id=None, use_cache=False), expected[:, :43])
+        if case == "yarn-gqa-sliding-first":  # lesson 12's static cache (every slot masked), traced once: one case
+            step = StaticDecodeStep(ours, max_len=60, backend="eager")
+            assert torch.equal(step.generate(ids, 8, eos_token_id=None), expected)
 
 
 def test_a_left_padded_batch_equals_each_row_alone_and_transformers(tmp_path):
@@ -82,11 +83,11 @@ def test_a_left_padded_batch_equals_each_row_alone_and_transformers(tmp_path):
     for i, row in enumerate(rows):
         ids[i, 30 - len(row):], mask[i, 30 - len(row):] = row, 1
     with torch.inference_mode():
-        together = generate(ours, ids, 10, eos_token_id=None, attention_mask=mask)
+        together = generate(ours, ids, 6, eos_token_id=None, attention_mask=mask)
         for i, row in enumerate(rows):
-            assert torch.equal(together[i, 30:], generate(ours, row[None], 10, eos_token_id=None)[0, len(row):]), i
-        assert torch.equal(together, theirs.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
-                                                     eos_token_id=None, min_new_tokens=10))
+            assert torch.equal(together[i, 30:], generate(ours, row[None], 6, eos_token_id=None)[0, len(row):]), i
+        assert torch.equal(together, theirs.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                     eos_token_id=None, min_new_tokens=6))
 
 
 def test_the_cache_in_pieces_and_at_the_published_size(tmp_path):
