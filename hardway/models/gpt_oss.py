@@ -22,7 +22,7 @@ from hardway.errors import CheckpointError, ConfigError, check_int, check_number
 from hardway.formats.mxfp4 import BLOCK, dequantize_openai, mxfp4_matmul, openai_to_ggml  # this lesson
 from hardway.models.gemma3 import LAYER_TYPES, RopeSettings, layer_mask  # lesson 20
 from hardway.models.gpt2 import causal_mask
-from hardway.models.llama import Attention, Llama, RMSNorm, RotaryEmbedding, assign_weights, repeat_kv
+from hardway.models.llama import Attention, Block, Llama, RMSNorm, RotaryEmbedding, assign_weights, repeat_kv
 from hardway.models.moe import dispatch  # lesson 21
 from hardway.models.rope_scaling import context_length, read_rope_config  # lesson 23
 
@@ -257,17 +257,16 @@ class GptOssMoE(nn.Module):
         return dispatch(rows, weights, chosen, self.experts.expert, self.n_experts).to(x.dtype).view(B, T, C)
 
 
-class GptOssBlock(nn.Module):
+class GptOssBlock(Block):
+    """Lesson 09's block (its forward: norm, attention, residual; norm, MLP, residual) with the sink attention and
+    the mixture of experts."""
+
     def __init__(self, config: GptOssConfig, layer_idx: int = 0):
-        super().__init__()
+        nn.Module.__init__(self)
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.attn = SinkAttention(config, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GptOssMoE(config)
-
-    def forward(self, x, cos, sin, kv_cache=None, start_pos=0, mask=None):  # x: (B, T, C)
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, start_pos, mask)
-        return x + self.mlp(self.mlp_norm(x))  # (B, T, C)
 
 
 def rotary_embedding(config: GptOssConfig, device=None) -> RotaryEmbedding:
