@@ -16,7 +16,7 @@ from hardway.contract import read_checkpoint
 from hardway.decode.generate import generate
 from hardway.decode.static import StaticDecodeStep
 from hardway.errors import CheckpointError, ConfigError
-from hardway.formats.mxfp4 import gguf_checkpoint, openai_to_ggml, quantize_openai
+from hardway.formats.mxfp4 import openai_to_ggml, quantize_openai
 from hardway.loading import load
 from hardway.models.gpt_oss import GptOss, GptOssConfig as OurConfig, MXFP4Experts
 
@@ -207,16 +207,20 @@ def write_gguf(theirs, path):
     writer.close()
 
 
-def test_a_gguf_with_mxfp4_experts_loads_both_ways(tmp_path):
+def test_hardway_load_reads_a_gguf_with_mxfp4_experts(tmp_path):
+    """lesson 16's loader, its `gpt-oss` row: the same logits as the folder and as transformers."""
     theirs = make_checkpoint(tmp_path / "plain", swiglu_limit=7.0)  # a GGUF has no setting: llama.cpp's is 7
-    quantized_experts(theirs)  # transformers' weights: the values the MXFP4 blocks hold
+    save_mxfp4(theirs, tmp_path / "mxfp4")  # transformers' experts now hold the values the MXFP4 blocks hold
     write_gguf(theirs, tmp_path / "tiny.gguf")
     ids = prompt(30)
     with torch.inference_mode():
         expected = theirs(ids).logits
-        for blocks in (False, True):
-            ours = GptOss.from_checkpoint(gguf_checkpoint(tmp_path / "tiny.gguf"), mxfp4_blocks=blocks)
-            assert (ours(ids) - expected).abs().max() <= MAX_DELTA, blocks
+        ours = load(tmp_path / "tiny.gguf")
+        assert type(ours) is GptOss and ours.config.swiglu_limit == 7.0 and ours.config.rope_scaling["factor"] == 4.0
+        assert (ours(ids) - expected).abs().max() <= MAX_DELTA
+        assert (ours(ids) - load(tmp_path / "mxfp4")(ids)).abs().max() <= MAX_DELTA
+        tokens = theirs.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None, min_new_tokens=4)
+        assert torch.equal(generate(ours, ids, 4, eos_token_id=None), tokens)
 
 
 def config_dict(**changes):

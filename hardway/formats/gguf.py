@@ -389,5 +389,6 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, plac
     for hub, (gate, up) in halves.items():
         if gate is None or up is None:
             raise GGUFError(f"{path}: {hub} needs both ffn_gate_exps and ffn_up_exps")
-        tensors[hub] = torch.cat([gate, up], dim=1).to(device=device, dtype=dtype)  # (experts, 2 * ff, hidden)
+        both = torch.cat([gate, up], dim=1) if table.join is None else table.join(gate, up)  # (experts, 2 ff, hidden)
+        tensors[hub] = both.to(device=device, dtype=dtype)
     return Checkpoint(Path(path).parent, config, eos_token_list(config["eos_token_id"]), tensors)

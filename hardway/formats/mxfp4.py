@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from hardway.contract import Checkpoint
 from hardway.errors import CheckpointError
-from hardway.formats.gguf_quants import DEQUANTIZE, TENSOR_TYPES  # lesson 16
 
 BLOCK = 32  # weights a block
 GGML_MXFP4 = 39  # ggml's type id
@@ -111,94 +109,3 @@ def mxfp4_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
         w = dequantize_ggml(blocks[lo:lo + ROWS_AT_ONCE]).reshape(-1, x.shape[1])  # (slice, in)
         y[:, lo:lo + ROWS_AT_ONCE] = xr @ w.T
     return y.to(x.dtype)
-
-
-# lesson 16's reader learns the type: its size (a GGUF's tensor table is checked by it) and its dequantizer
-TENSOR_TYPES[GGML_MXFP4] = ("MXFP4", BLOCK, BLOCK_BYTES)
-DEQUANTIZE["MXFP4"] = dequantize_ggml
-
-
-GGUF_LAYER_NAMES = {  # blk.N.<GGUF name> -> model.layers.N.<hub name>, as llama.cpp's `gpt-oss` names them
-    "attn_norm.weight": "input_layernorm.weight", "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.weight": "mlp.router.weight",
-    "ffn_gate_inp.bias": "mlp.router.bias", "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
-    **{f"attn_{g}.{kind}": f"self_attn.{h}_proj.{kind}" for g, h in (("q", "q"), ("k", "k"), ("v", "v"),
-                                                                    ("output", "o")) for kind in ("weight", "bias")},
-}
-
-
-def gguf_config(meta: dict) -> dict:
-    """A gpt_oss config.json dict from a GGUF's metadata (`gpt-oss.*`). llama.cpp's gpt-oss alternates a sliding
-    layer and a full one, starting with a sliding one, as every gpt-oss checkpoint does; its YaRN ramp is not
-    rounded (the hub config's truncate=false)."""
-    a = "gpt-oss."
-    missing = [a + k for k in ("embedding_length", "block_count", "attention.head_count", "expert_count",
-                               "expert_used_count", "attention.sliding_window") if a + k not in meta]
-    if meta.get("general.architecture") != "gpt-oss" or missing:
-        raise CheckpointError(f"not a gpt-oss GGUF (general.architecture {meta.get('general.architecture')!r}"
-                              f"{', metadata has no ' + str(missing) if missing else ''})")
-    n_layers, n_heads = meta[a + "block_count"], meta[a + "attention.head_count"]
-    rope = {"rope_type": "default", "rope_theta": meta.get(a + "rope.freq_base", 150_000.0)}
-    if meta.get(a + "rope.scaling.type") == "yarn":
-        rope |= {"rope_type": "yarn", "factor": meta[a + "rope.scaling.factor"], "truncate": False,
-                 "original_max_position_embeddings": meta[a + "rope.scaling.original_context_length"],
-                 "beta_fast": meta.get(a + "rope.scaling.yarn_beta_fast", 32.0),
-                 "beta_slow": meta.get(a + "rope.scaling.yarn_beta_slow", 1.0)}
-    return {"model_type": "gpt_oss", "vocab_size": meta.get(a + "vocab_size", len(meta.get("tokenizer.ggml.tokens", []))),
-            "hidden_size": meta[a + "embedding_length"],
-            "intermediate_size": meta.get(a + "expert_feed_forward_length", meta.get(a + "feed_forward_length")),
-            "num_hidden_layers": n_layers, "num_attention_heads": n_heads,
-            "num_key_value_heads": meta.get(a + "attention.head_count_kv", n_heads),
-            "head_dim": meta.get(a + "attention.key_length", meta[a + "embedding_length"] // n_heads),
-            "max_position_embeddings": meta.get(a + "context_length", 131_072),
-            "rms_norm_eps": meta.get(a + "attention.layer_norm_rms_epsilon", 1e-5),
-            "num_local_experts": meta[a + "expert_count"], "num_experts_per_tok": meta[a + "expert_used_count"],
-            "sliding_window": meta[a + "attention.sliding_window"], "rope_parameters": rope,
-            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)],
-            "eos_token_id": meta.get("tokenizer.ggml.eos_token_id")}
-
-
-def gguf_checkpoint(path) -> Checkpoint:
-    """A gpt-oss GGUF (llama.cpp's converter's `gpt-oss`) as the `Checkpoint` openai's safetensors would give: its
-    experts' MXFP4 blocks turned back into openai's `_blocks` and `_scales` (gate and up, which the converter split
-    into two tensors, interleaved again row by row), everything else dequantized (lesson 16) to fp32 under its hub
-    name. GptOss.from_checkpoint then dequantizes the experts or keeps them as blocks."""
-    from hardway.formats.gguf import GLOBAL_NAMES, dequantize, read_gguf  # lesson 16
-    file = read_gguf(path)
-    config = gguf_config(file.metadata)
-    tensors, halves = {}, {}
-    for name, info in file.tensors.items():
-        parts = name.split(".")
-        if parts[0] != "blk":
-            if parts[0] not in GLOBAL_NAMES:
-                raise CheckpointError(f"{path}: tensor {name!r} is not part of a gpt-oss model")
-            tensors[f"{GLOBAL_NAMES[parts[0]]}.{parts[1]}"] = dequantize(file, name)
-            continue
-        layer, rest = int(parts[1]), ".".join(parts[2:])
-        hub = f"model.layers.{layer}.mlp.experts."
-        if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"):
-            if info.type_name != "MXFP4":
-                raise CheckpointError(f"{path}: {name} is {info.type_name}; a gpt-oss GGUF's experts are MXFP4")
-            raw = file.raw(name).reshape(*info.shape[:-1], -1)  # (E, rows, G · 17)
-            if rest.startswith("ffn_down"):
-                tensors[hub + "down_proj_blocks"], tensors[hub + "down_proj_scales"] = ggml_to_openai(raw)
-            else:
-                halves.setdefault((layer, "weight"), {})[rest.split("_")[1]] = raw
-        elif rest in ("ffn_gate_exps.bias", "ffn_up_exps.bias"):
-            halves.setdefault((layer, "bias"), {})[rest.split("_")[1]] = dequantize(file, name)  # (E, H)
-        elif rest in GGUF_LAYER_NAMES:
-            tensors[f"model.layers.{layer}.{GGUF_LAYER_NAMES[rest]}"] = dequantize(file, name)
-        else:
-            raise CheckpointError(f"{path}: tensor {name!r} is not part of a gpt-oss model")
-    for (layer, kind), pair in halves.items():
-        if set(pair) != {"gate", "up"}:
-            raise CheckpointError(f"{path}: layer {layer} has ffn_gate_exps.{kind} without ffn_up_exps.{kind} or "
-                                  f"the other way round")
-        both = torch.stack((pair["gate"], pair["up"]), dim=2).flatten(1, 2)  # (E, 2H, ...): gate j, up j, ...
-        hub = f"model.layers.{layer}.mlp.experts.gate_up_proj"
-        if kind == "bias":
-            tensors[hub + "_bias"] = both
-        else:
-            tensors[hub + "_blocks"], tensors[hub + "_scales"] = ggml_to_openai(both)
-    eos = config.pop("eos_token_id")
-    return Checkpoint(file.path.parent, config, [] if eos is None else [eos], tensors)
