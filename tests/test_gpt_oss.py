@@ -17,8 +17,10 @@ from hardway.decode.generate import generate
 from hardway.decode.static import StaticDecodeStep
 from hardway.errors import CheckpointError, ConfigError
 from hardway.formats.mxfp4 import openai_to_ggml, quantize_openai
+from hardway.kernels.gguf_layers import MXFP4KernelExperts, mxfp4_on_kernel
 from hardway.loading import load
 from hardway.models.gpt_oss import GptOss, GptOssConfig as OurConfig, MXFP4Experts
+from hardway.verify.blocks import agreement
 
 WINDOW = 8
 YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -147,6 +149,12 @@ def test_openai_mxfp4_experts_dequantized_or_kept_as_blocks(tmp_path):
         assert (kept(ids) - expected).abs().max() <= MAX_DELTA
         tokens = theirs.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, min_new_tokens=8)
         assert torch.equal(generate(kept, ids, 8, eos_token_id=None), tokens)
+        # lesson 26's kernel: the rows rounded to int8, off the exact model by the rounding; lesson 26's bound
+        on_kernel = mxfp4_on_kernel(kept)
+        assert isinstance(on_kernel.blocks[0].mlp.experts, MXFP4KernelExperts)
+        close = agreement(expected.log_softmax(-1), on_kernel(ids).log_softmax(-1))
+        assert close.top1 >= 0.95 and close.kl_mean < 0.01, close
+        assert (on_kernel(ids) - expected).abs().max() > 1e-6  # the rounding is there
 
 
 def write_gguf(theirs, path):
