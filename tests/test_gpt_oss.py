@@ -216,7 +216,8 @@ def write_gguf(theirs, path):
 
 
 def test_hardway_load_reads_a_gguf_with_mxfp4_experts(tmp_path):
-    """lesson 16's loader, its `gpt-oss` row: the same logits as the folder and as transformers."""
+    """lesson 16's loader, its `gpt-oss` row: the same logits as the folder and as transformers; with blocks=True
+    (lesson 26), the experts multiplied as MXFP4 blocks."""
     theirs = make_checkpoint(tmp_path / "plain", swiglu_limit=7.0)  # a GGUF has no setting: llama.cpp's is 7
     save_mxfp4(theirs, tmp_path / "mxfp4")  # transformers' experts now hold the values the MXFP4 blocks hold
     write_gguf(theirs, tmp_path / "tiny.gguf")
@@ -229,6 +230,11 @@ def test_hardway_load_reads_a_gguf_with_mxfp4_experts(tmp_path):
         assert (ours(ids) - load(tmp_path / "mxfp4")(ids)).abs().max() <= MAX_DELTA
         tokens = theirs.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None, min_new_tokens=4)
         assert torch.equal(generate(ours, ids, 4, eos_token_id=None), tokens)
+        # lesson 26's path: the experts stay in the file's MXFP4 blocks, off the exact model by the rounding alone
+        on_blocks = load(tmp_path / "tiny.gguf", blocks=True)
+        assert isinstance(on_blocks.blocks[2].mlp.experts, MXFP4KernelExperts)
+        close = agreement(expected.log_softmax(-1), on_blocks(ids).log_softmax(-1))
+        assert close.top1 >= 0.95 and close.kl_mean < 0.01, close
 
 
 def config_dict(**changes):

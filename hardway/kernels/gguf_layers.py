@@ -131,6 +131,9 @@ NAMES = {"llama": hub_to_hardway_names, "qwen2": hub_to_hardway_names, "qwen3": 
 # of the hub's rows and the file's block (within a row) for each of the hub's, either None where nothing moved; or
 # None altogether where whole blocks cannot make the hub's order, and that matrix is read in fp32.
 BLOCK_MOVES = {}
+# general.architecture -> (the file's names of the experts it keeps in their blocks, never read in fp32: file -> set;
+# how they go into the model built: (model, file) -> None). Lesson 31's gpt-oss.
+EXPERT_BLOCKS = {}
 
 
 def takes_blocks(path) -> bool:
@@ -233,7 +236,7 @@ BLOCK_MOVES["qwen35"] = qwen35_block_moves
 
 
 from hardway.formats.mxfp4 import GGML_MXFP4  # lesson 31
-from hardway.models.gpt_oss import MXFP4Experts, clamped_swiglu  # lesson 31
+from hardway.models.gpt_oss import MXFP4Experts, clamped_swiglu, gpt_oss_names  # lesson 31
 
 
 class MXFP4KernelExperts(MXFP4Experts):
@@ -254,3 +257,30 @@ def mxfp4_on_kernel(model: nn.Module) -> nn.Module:
         if type(module) is MXFP4Experts:
             module.__class__ = MXFP4KernelExperts
     return model
+
+
+GPT_OSS_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # a gpt-oss GGUF's expert matrices, per layer
+
+
+def gpt_oss_expert_blocks(file: GGUFFile) -> set[str]:
+    """The file's names of a gpt-oss GGUF's experts in MXFP4: what load_gguf_blocks keeps in their blocks."""
+    return {name for name, info in file.tensors.items()
+            if name.endswith(tuple(f"{kind}.weight" for kind in GPT_OSS_EXPERTS)) and info.type_name == "MXFP4"}
+
+
+def put_gpt_oss_experts(model: nn.Module, file: GGUFFile) -> None:
+    """Each layer whose three expert matrices are MXFP4 gets MXFP4KernelExperts holding the file's blocks: gate's
+    and up's rows interleaved again (whole rows: the bytes as they are), down's as they are; the biases as read."""
+    for i, block in enumerate(model.blocks):
+        names = [f"blk.{i}.{kind}.weight" for kind in GPT_OSS_EXPERTS]
+        if not all(name in file.tensors and file.tensors[name].type_name == "MXFP4" for name in names):
+            continue  # experts in another type: read in fp32 by lesson 16, as they are
+        gate, up, down = (file.raw(name).reshape(*file.tensors[name].shape[:-1], -1) for name in names)  # (E, rows, bytes)
+        gate_up = torch.stack((gate, up), dim=2).flatten(1, 2)  # (E, 2H, C/32 · 17): gate j at row 2j, up j at 2j + 1
+        old = block.mlp.experts
+        block.mlp.experts = MXFP4KernelExperts(gate_up, old.gate_up_proj_bias.data, down.clone(), old.down_proj_bias.data,
+                                               old.alpha, old.limit)
+
+
+NAMES["gpt_oss"] = gpt_oss_names  # lesson 31: its matrices in a kernel's type (a file's attention, say) kept too
+EXPERT_BLOCKS["gpt-oss"] = (gpt_oss_expert_blocks, put_gpt_oss_experts)
