@@ -41,6 +41,7 @@ MODEL_CLASSES = {
     "deepseek_v3": "hardway.models.deepseek_v3:DeepseekV3",  # lesson 29: latent attention, grouped experts
     "gemma4_text": "hardway.models.gemma4:Gemma4",    # lesson 30: shared KV layers, per-layer inputs
     "gemma4": "hardway.models.gemma4:Gemma4",         # lesson 30: the same, shipped with vision and audio towers
+    "gpt_oss": "hardway.models.gpt_oss:GptOss",       # lesson 31: attention sinks, experts in MXFP4
 }
 
 
@@ -211,19 +212,22 @@ def load_gguf_blocks(path) -> CausalLM:
     hardway.load reads it. A model type without a table in NAMES is a GGUFError that names what is supported."""
     # imported here, not at the top: a model loaded otherwise needs none of them (the model table stays lazy)
     from hardway.formats.gguf import GGUFError, architecture, read_gguf, unpermute_qk  # lesson 16
-    from hardway.kernels.gguf_layers import (BLOCK_MOVES, NAMES, STACKED, GGUFEmbedding, GGUFLinear,
+    from hardway.kernels.gguf_layers import (BLOCK_MOVES, EXPERT_BLOCKS, NAMES, STACKED, GGUFEmbedding, GGUFLinear,
                                              StackedProjections, bias_of, kept_matrices, moved_blocks, on_huge_pages,
                                              stacking)  # this lesson's layers
     from hardway.kernels.quantized import put_in_place  # lesson 17
     file = read_gguf(path)
     arch, table = architecture(file)
     kept = kept_matrices(file)
-    checkpoint = gguf_checkpoint(path, placeholders=set(kept))
+    experts = EXPERT_BLOCKS.get(arch)  # lesson 31: experts kept in their blocks
+    checkpoint = gguf_checkpoint(path, placeholders=set(kept) | (experts[0](file) if experts else set()))
     model_type = checkpoint.config["model_type"]
     if model_type not in NAMES:
         raise GGUFError(f"{path}: keeping the blocks is done for {', '.join(NAMES)}; this is {model_type} "
                         f"(hardway.load reads it in fp32)")
     model = resolve(model_class(checkpoint.config, path)).from_checkpoint(checkpoint)  # lesson 06's table
+    if experts:
+        experts[1](model, file)
     config = model.config
     ours = NAMES[model_type](config)
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}

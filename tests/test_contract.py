@@ -15,7 +15,7 @@ import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GptOssConfig, GptOssForCausalLM
 
 from hardway.formats.hub import checkpoint
 
@@ -144,7 +144,8 @@ print(json.dumps({"ok": True, "class": f"{type(model).__module__}.{type(model)._
                                                             "hardway.models.qwen3", "hardway.models.gemma3",
                                                             "hardway.models.moe", "hardway.models.qwen3_5",
                                                             "hardway.models.latent_attention",
-                                                            "hardway.models.deepseek_v3"))}))
+                                                            "hardway.models.deepseek_v3",
+                                                            "hardway.models.gpt_oss"))}))
 '''
 
 TINY = dict(vocab_size=128, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
@@ -185,6 +186,11 @@ def tiny_checkpoint(kind: str, folder: Path) -> Path:
             num_key_value_heads=4, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3,
             first_k_dense_replace=1, kv_lora_rank=24, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=16,
             v_head_dim=12, initializer_range=0.2, **TINY))
+    elif kind == "gpt_oss":  # sinks, a window of 4 on layers 0 and 2, experts with biases
+        model = GptOssForCausalLM(GptOssConfig(hidden_size=64, intermediate_size=32, num_attention_heads=4,
+                                               num_key_value_heads=2, head_dim=16, sliding_window=4,
+                                               num_local_experts=4, num_experts_per_tok=2, initializer_range=0.2,
+                                               **{**TINY, "num_hidden_layers": 3}))
     else:  # a sliding window of 4 < the 9 positions the child runs: layers 0 and 2 mask keys out of it
         model = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                                    num_key_value_heads=2, head_dim=16, sliding_window=4,
@@ -204,6 +210,7 @@ CASES = {  # name -> (how to get the folder, the class load must pick)
     "deepseek_v3-tiny": (lambda tmp: tiny_checkpoint("deepseek_v3", tmp / "deepseek_v3"),
                          "hardway.models.deepseek_v3.DeepseekV3"),
     "mixtral-tiny": (lambda tmp: tiny_checkpoint("mixtral", tmp / "mixtral"), "hardway.models.moe.MoE"),
+    "gpt_oss-tiny": (lambda tmp: tiny_checkpoint("gpt_oss", tmp / "gpt_oss"), "hardway.models.gpt_oss.GptOss"),
     "qwen3_moe-tiny": (lambda tmp: tiny_checkpoint("qwen3_moe", tmp / "qwen3_moe"), "hardway.models.moe.MoE"),
     "gpt2-standin": (lambda tmp: checkpoint("openai-community/gpt2"), "hardway.models.gpt2.GPT"),
     "smollm2-standin": (lambda tmp: checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"), "hardway.models.llama.Llama"),
@@ -238,7 +245,9 @@ def test_every_architecture_meets_the_contract_in_a_fresh_interpreter(case, tmp_
                  "hardway.models.qwen3_5": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.gemma3"},
                  "hardway.models.deepseek_v3": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3",
                                                 "hardway.models.gemma3", "hardway.models.moe",
-                                                "hardway.models.latent_attention"}}
+                                                "hardway.models.latent_attention"},
+                 "hardway.models.gpt_oss": {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3",
+                                            "hardway.models.gemma3", "hardway.models.moe"}}
     assert set(facts["imported_model_modules"]) == {module} | builds_on[module], facts
 
 
@@ -253,10 +262,11 @@ def test_the_model_table_is_explicit_and_lazy():
                      "mixtral": "hardway.models.moe:MoE", "qwen3_moe": "hardway.models.moe:MoE",
                      "qwen3_5_text": "hardway.models.qwen3_5:Qwen35", "qwen3_5": "hardway.models.qwen3_5:Qwen35",
                      "deepseek_v3": "hardway.models.deepseek_v3:DeepseekV3",
-                     "gemma4_text": "hardway.models.gemma4:Gemma4", "gemma4": "hardway.models.gemma4:Gemma4"}
+                     "gemma4_text": "hardway.models.gemma4:Gemma4", "gemma4": "hardway.models.gemma4:Gemma4",
+                     "gpt_oss": "hardway.models.gpt_oss:GptOss"}
     assert not {"hardway.models.gpt2", "hardway.models.llama", "hardway.models.qwen3", "hardway.models.gemma3",
                 "hardway.models.moe", "hardway.models.qwen3_5", "hardway.models.deepseek_v3",
-                "hardway.models.latent_attention", "hardway.models.gemma4",
+                "hardway.models.latent_attention", "hardway.models.gemma4", "hardway.models.gpt_oss",
                 "hardway.models.kv_cache"} & set(imported), imported
 
 

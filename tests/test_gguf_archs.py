@@ -174,6 +174,6 @@ def test_an_unknown_architecture_is_refused_in_one_line(tmp_path):
     with pytest.raises(GGUFError) as e:
         gguf_config(path)
     assert str(e.value) == (f"{path}: general.architecture is 'mamba'; supported: llama, qwen2, qwen3, qwen3moe, "
-                            f"gemma3, qwen35")
+                            f"gemma3, qwen35, gpt-oss")
     with pytest.raises(GGUFError, match="general.architecture is 'mamba'"):
         hardway.load(path)

@@ -354,12 +354,18 @@ def gguf_config(path) -> dict:
     return table.config(file.metadata, arch, set(file.tensors))
 
 
+def materialized(w: torch.Tensor, device, dtype: torch.dtype) -> torch.Tensor:
+    """w on `device` in `dtype`; a placeholder (on the meta device) as an uninitialized tensor of its shape."""
+    return torch.empty(w.shape, device=device, dtype=dtype) if w.is_meta else w.to(device=device, dtype=dtype)
+
+
 def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, placeholders=()) -> Checkpoint:
     """A GGUF as a `Checkpoint` (lesson 06): config from its metadata, every tensor dequantized to fp32 under its hub
     name, with what the converter changed undone (llama's q/k row order, Gemma's 1 + w norms, Qwen3-MoE's gate and
     up experts joined), then cast to `dtype` on `device`. `placeholders`: the file's names of tensors not to read;
     each gets an uninitialized tensor of its shape, which costs no memory until written (lesson 26 puts the
-    file's blocks in their place)."""
+    file's blocks in their place). A placeholder goes through the same steps on the meta device, shapes only, so that
+    it gets the hub's shape."""
     file = read_gguf(path)
     arch, table = architecture(file)
     config = table.config(file.metadata, arch, set(file.tensors))
@@ -371,10 +377,7 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, plac
     tensors, halves = {}, {}
     for name in names:
         hub, kind = hub_name(name, arch), name.split(".")[-2]  # kind: "attn_q", "ffn_up_exps", "token_embd"...
-        if name in placeholders:
-            tensors[hub] = torch.empty(file.tensors[name].shape, device=device, dtype=dtype)
-            continue
-        w = dequantize(file, name)
+        w = torch.empty(file.tensors[name].shape, device="meta") if name in placeholders else dequantize(file, name)
         suffix = hub.split(".", 3)[-1]  # "self_attn.q_proj.weight" in a layer
         if table.permute_qk and suffix in heads:
             w = unpermute_qk(w, heads[suffix])
@@ -385,9 +388,10 @@ def gguf_checkpoint(path, device="cpu", dtype: torch.dtype = torch.float32, plac
         if kind in FUSED_HALVES:
             halves.setdefault(hub, [None, None])[FUSED_HALVES[kind]] = w  # (experts, ff, hidden)
             continue
-        tensors[hub] = w.to(device=device, dtype=dtype)
+        tensors[hub] = materialized(w, device, dtype)
     for hub, (gate, up) in halves.items():
         if gate is None or up is None:
             raise GGUFError(f"{path}: {hub} needs both ffn_gate_exps and ffn_up_exps")
-        tensors[hub] = torch.cat([gate, up], dim=1).to(device=device, dtype=dtype)  # (experts, 2 * ff, hidden)
+        both = torch.cat([gate, up], dim=1) if table.join is None else table.join(gate, up)  # (experts, 2 ff, hidden)
+        tensors[hub] = materialized(both, device, dtype)
     return Checkpoint(Path(path).parent, config, eos_token_list(config["eos_token_id"]), tensors)
