@@ -310,3 +310,20 @@ def test_the_ritual_and_its_diagnostics_on_qwen2(tmp_path):
     diffs = hidden_state_diffs(ours, theirs, ids)
     assert first_divergent_layer(diffs.relative, TOLERANCE[torch.float32].hidden_state) is None
     assert max(attention_diffs(ours, theirs, ids, layer=1).values()) <= 1e-4
+
+
+def test_a_file_transformers_cannot_read_is_one_line_and_exit_code_2(monkeypatch, capsys):
+    """transformers' own reader failing (its GGUF reader on some architectures raises a TypeError) is the reference
+    missing, said in one line: `hardway verify` exits 2 with it, no traceback."""
+    import hardway.verify.ritual as ritual
+
+    def unreadable(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for *: 'NoneType' and 'float'")
+
+    monkeypatch.setattr(ritual.AutoModelForCausalLM, "from_pretrained", unreadable)
+    with pytest.raises(ValueError, match="transformers cannot read .* as the reference: TypeError: unsupported") as e:
+        load_reference(checkpoint("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert "\n" not in str(e.value)
+    assert cli.main(["verify", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("transformers cannot read" in line for line in err) and not any("Traceback" in l for l in err), err

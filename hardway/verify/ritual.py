@@ -80,7 +80,15 @@ def load_reference(model, device="cpu", dtype=torch.float32):
     dtype given at load (so RoPE's inv_freq stays fp32), SDPA attention."""
     transformers_logging.disable_progress_bar()  # its per-load progress bar would bury the report
     folder, extra = open_model(model).from_pretrained_args()
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra).to(device).eval()
+    try:
+        reference = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra)
+    except (OSError, ValueError):
+        raise  # what transformers says about a missing or unreadable file is already one line
+    except Exception as e:  # a file transformers cannot read (its GGUF reader misreads some architectures' keys):
+        # one line, as ValueError, so that `hardway verify` exits 2 with it
+        raise ValueError(f"transformers cannot read {model} as the reference: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    return reference.to(device).eval()
 
 
 @torch.inference_mode()
