@@ -21,10 +21,36 @@ def _small_llama():
     return Llama(config).eval()
 
 
+def _roofline_slip(m, got, bandwidth: float, context_len: int, per_position: int) -> str:
+    """The term a wrong roofline left out or counted twice, found by recomputing the limit without it; else a hint."""
+    table = m.wte.weight.nbytes if hasattr(m, "wte") else 0  # GPT-2's tied head: the table itself
+    kv_heads, heads = m.new_kv_cache(1, 1).n_kv_heads, getattr(m.config, "num_attention_heads", None)
+    slips = {
+        "the cache: each cached position's keys and values are read once more for every new token":
+            weight_bytes(m),
+        "the weights: every distinct weight byte is read once a token, whatever the context":
+            context_len * per_position,
+        "the keys alone: the values of every cached position are read too":
+            weight_bytes(m) + context_len * per_position // 2,
+        "the context length: the cache is read up to the positions cached, not the whole buffer":
+            weight_bytes(m) + m.max_seq_len * per_position,
+        "a tied head counted twice: it is the embedding table itself, read once": weight_bytes(m) + table
+        + context_len * per_position,
+    }
+    if heads and heads != kv_heads:
+        slips["the query heads in the cache: it holds num_key_value_heads heads (grouped-query attention)"] = (
+            weight_bytes(m) + context_len * per_position * heads // kv_heads)
+    for term, slip_bytes in slips.items():
+        if slip_bytes and abs(got - roofline_tokens_per_s(slip_bytes, bandwidth)) <= 1e-6 * abs(got):
+            return f"look again at {term}"
+    return "the limit is the bandwidth over the bytes a token reads: weights once, plus the cache's read"
+
+
 @exercise_check
 def check_roofline(my_roofline_tokens_per_s, model) -> str:
     """Exercise 1 (lesson 12): my_roofline_tokens_per_s(model, bandwidth, context_len) -> tokens/s, against
-    roofline_tokens_per_s(weight_bytes + context_len x the cache's bytes per position) on `model` and a small Llama."""
+    roofline_tokens_per_s(weight_bytes + context_len x the cache's bytes per position) on `model` and a small Llama;
+    a wrong answer is told the term it left out (or counted twice)."""
     for name, m in (("this lesson's model", model), ("a small Llama with GQA", _small_llama())):
         cache = m.new_kv_cache(1, 1)  # one position: its bytes are the cache's bytes per position
         per_position = kv_cache_bytes_per_token(cache.n_layers, cache.n_kv_heads, cache.head_dim, cache.k.dtype)
@@ -32,9 +58,11 @@ def check_roofline(my_roofline_tokens_per_s, model) -> str:
             expected = roofline_tokens_per_s(weight_bytes(m) + context_len * per_position, bandwidth)
             got = attempt(my_roofline_tokens_per_s, m, bandwidth, context_len, when=f"for {name}")
             if not isinstance(got, (int, float)) or abs(got - expected) > 1e-6 * expected:
+                slip = (_roofline_slip(m, got, bandwidth, context_len, per_position) if isinstance(got, (int, float))
+                        else "return tokens per second, a number")
                 return (f"wrong: {name} at {bandwidth / 1e9:g} GB/s and {context_len} cached positions: the limit is "
                         f"{expected:.2f} tok/s, you computed {got!r} (weights {weight_bytes(m):,} B, cache "
-                        f"{per_position:,} B per position)")
+                        f"{per_position:,} B per position): {slip}")
     return "right: weights once, plus the cache read at the context length, on GPT-2 and on a Llama with GQA"
 
 

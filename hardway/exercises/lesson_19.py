@@ -2,8 +2,8 @@
 
 """Lesson 19's exercise checks, each returning one line: "not attempted yet", "right: ..." or "wrong: ..." with the
 reason. The greedy pick runs on ranks that are threads of this process, with an all-gather between them; the planted
-split is GPT-2 with random biases, split over 2 ranks with two mistakes in it; the bytes are compared with a
-formula and with what the two processes of the lesson logged."""
+split is GPT-2 with random biases, split over 2 ranks with two mistakes in it; the bytes a rank holds are measured
+on the tensors shard_gpt2 gives it."""
 from __future__ import annotations
 
 import copy
@@ -12,7 +12,9 @@ import threading
 import torch
 
 from hardway.exercises.verdict import NotAttempted, Wrong, attempt, exercise_check
+from hardway.instruments.memory import weight_bytes
 from hardway.loading import forward_once
+from hardway.models.gpt2 import GPT, GPT2Config
 from hardway.tensor_parallel import padded_vocab, shard_gpt2
 
 CHECK_WORLDS = (2, 3, 4)  # GPT-2's 12 heads and 3072 units split evenly over each
@@ -193,68 +195,111 @@ def check_diagnosis(my_diagnosis) -> str:
     return ("right: " + "; ".join(f"layer {p['layer']}'s {p['half']}, {FAULTS[p['fault']]}" for p in PLANTED))
 
 
-def bytes_sent(n_layer: int, n_embd: int, vocab_size: int, n_tokens: int, world: int, bytes_per_value: int) -> float:
-    """What each rank sends in one forward pass with ring collectives: 2 n_layer + 1 all-reduces of (tokens, C), each
-    2(w - 1)/w of it (a reduce-scatter, then an all-gather), and one all-gather of (tokens, V_pad), (w - 1)/w of it."""
-    reduces = (2 * n_layer + 1) * 2 * (world - 1) / world * n_tokens * n_embd
-    return (reduces + (world - 1) / world * n_tokens * vocab_size) * bytes_per_value
-
-
-def logged_bytes(calls, world: int) -> float:
-    """What a rank sent in the collectives the lesson's ProcessGroup logged, with ring algorithms."""
-    return sum(c.n_values * c.bytes_per_value * (2 * (world - 1) / world if c.kind == "all_reduce" else world - 1)
-               for c in calls)
-
-
-SLIPS = {  # what a plausible wrong formula left out -> that formula
-    "the embedding's all-reduce is missing: each rank looks up only its own ids, and one all-reduce adds the lookups":
-        lambda L, C, V, T, w, b: bytes_sent(L, C, V, T, w, b) - 2 * (w - 1) / w * T * C * b,
-    "the head's all-gather is missing: each rank computes only its slice of the logits, and an all-gather joins them":
-        lambda L, C, V, T, w, b: bytes_sent(L, C, V, T, w, b) - (w - 1) / w * T * V * b,
-    "only the blocks are counted: the embedding adds one all-reduce, and the head one all-gather":
-        lambda L, C, V, T, w, b: 2 * L * 2 * (w - 1) / w * T * C * b,
-    "an all-gather sends (w - 1)/w of the gathered whole from each rank, not an all-reduce's 2(w - 1)/w":
-        lambda L, C, V, T, w, b: bytes_sent(L, C, V, T, w, b) + (w - 1) / w * T * V * b,
-    "a block reduces twice: after its attention and after its MLP":
-        lambda L, C, V, T, w, b: bytes_sent(L, C, V, T, w, b) - L * 2 * (w - 1) / w * T * C * b,
-    "a ring sends a fraction of each tensor from each rank: 2(w - 1)/w of an all-reduce's, (w - 1)/w of an "
-    "all-gather's": lambda L, C, V, T, w, b: ((2 * L + 1) * T * C + T * V) * b,
-    "the tensor reduced is the residual stream, (tokens, C), not the MLP's 4C hidden units":
-        lambda L, C, V, T, w, b: bytes_sent(L, 4 * C, V, T, w, b),
-}
-CASES = [(12, 768, 50304, 1, 2, 4), (12, 768, 50304, 512, 2, 2), (16, 2048, 128256, 1, 4, 2),
-         (28, 3072, 151936, 100, 8, 2), (32, 4096, 32000, 7, 1, 2)]  # (L, C, V_pad, tokens, world, bytes a value)
-
-
 def close(a, b) -> bool:
     return isinstance(a, (int, float)) and not isinstance(a, bool) and abs(a - b) <= 1e-6 * max(1.0, abs(b))
 
 
+def rank_parts(config, rank: int, world: int) -> dict[str, int]:
+    """The numbers rank `rank` of `world` holds of a GPT-2 with `config`, by kind, as shard_gpt2 cuts it."""
+    C, L, D = config.n_embd, config.n_layer, config.d_mlp
+    return {"vocab": padded_vocab(config.vocab_size, world) // world * C,  # its rows of the tied table, padding in
+            "wpe": config.n_positions * C,  # whole on every rank
+            "norms": (2 * L + 1) * 2 * C,  # ln_1, ln_2 of every block and ln_f, weight and bias, whole
+            "matrices": L * (4 * C * C + 2 * D * C) // world,  # c_attn, attn.c_proj, c_fc, mlp.c_proj: split
+            "column biases": L * (3 * C + D) // world,  # c_attn's and c_fc's: split with their rows
+            "row biases": 2 * L * C if rank == 0 else 0}  # the two c_proj biases: rank 0 alone
+
+
+def rank_bytes(config, rank: int, world: int) -> int:
+    """The bytes of fp32 weights rank `rank` of `world` holds."""
+    return 4 * sum(rank_parts(config, rank, world).values())
+
+
+_MEASURED: dict[tuple[str, int, int], int] = {}  # (the config, rank, world) -> bytes: shapes alone decide them
+
+
+def _measured_rank_bytes(model, rank: int, world: int) -> int:
+    """The bytes of every tensor shard_gpt2 gives the rank, counted from the tensors themselves (once for a config:
+    cutting GPT-2 takes seconds, and every try of the exercise asks again)."""
+    key = (repr(model.config), rank, world)
+    if key not in _MEASURED:
+        _MEASURED[key] = _count_shard_bytes(model, rank, world)
+    return _MEASURED[key]
+
+
+def _count_shard_bytes(model, rank: int, world: int) -> int:
+    shards = shard_gpt2(model, rank, world)
+    tensors = [shards.vocab.weight, *shards.wpe.parameters(), *shards.ln_f.parameters()]
+    for b in shards.blocks:
+        tensors += [*b.ln_1.parameters(), *b.ln_2.parameters(), b.qkv_weight, b.qkv_bias, b.proj_weight,
+                    b.fc_weight, b.fc_bias, b.fc_proj_weight]
+        tensors += [t for t in (b.proj_bias, b.fc_proj_bias) if t is not None]
+    return sum(t.nbytes for t in tensors)
+
+
+def _slip(change):
+    """A wrong count: rank_parts with `change(parts, config, rank, world)` applied."""
+    def wrong(config, rank, world):
+        parts = rank_parts(config, rank, world)
+        change(parts, config, rank, world)
+        return 4 * sum(parts.values())
+    return wrong
+
+
+RANK_SLIPS = {  # what a plausible wrong count did -> that count
+    "the layer norms are whole on every rank (2L + 1 of them, 2C numbers each): every rank normalizes the whole "
+    "stream": [_slip(lambda p, c, r, w: p.update(norms=p["norms"] // w)),
+               _slip(lambda p, c, r, w: p.update(norms=0))],
+    "the position embedding is whole on every rank: every rank adds it to the whole stream":
+        [_slip(lambda p, c, r, w: p.update(wpe=p["wpe"] // w)), _slip(lambda p, c, r, w: p.update(wpe=0))],
+    "the vocabulary is padded to a multiple of 64 before it is split, so every rank holds V_pad / w rows, the "
+    "padding's zero rows included": [_slip(lambda p, c, r, w: p.update(vocab=c.vocab_size * c.n_embd // w))],
+    "the head is the embedding table itself (tied): a rank's rows of it count once":
+        [_slip(lambda p, c, r, w: p.update(vocab=2 * p["vocab"]))],
+    "the biases of the two row-parallel layers (attention's and the MLP's c_proj) are on rank 0 alone: the "
+    "all-reduce would add them w times":
+        [_slip(lambda p, c, r, w: p.update(**{"row biases": 2 * c.n_layer * c.n_embd})),
+         _slip(lambda p, c, r, w: p.update(**{"row biases": 2 * c.n_layer * c.n_embd // w})),
+         _slip(lambda p, c, r, w: p.update(**{"row biases": 0}))],
+    "the column-parallel biases (c_attn's and c_fc's) are split with the rows they belong to":
+        [_slip(lambda p, c, r, w: p.update(**{"column biases": c.n_layer * (3 * c.n_embd + c.d_mlp)}))],
+    "only the blocks' matrices are split; the embedding table, its position table and the norms count too":
+        [lambda c, r, w: 4 * rank_parts(c, r, w)["matrices"]],
+}
+
+
+def _tiny_gpt2():
+    """A GPT-2 whose vocabulary (1100) is no multiple of 64 and whose 6 heads split over 2 and 3 ranks."""
+    torch.manual_seed(19)
+    return GPT(GPT2Config(vocab_size=1100, n_positions=64, n_embd=96, n_layer=2, n_head=6)).eval()
+
+
 @exercise_check
-def check_bytes_sent(my_bytes_sent, run=None) -> str:
-    """my_bytes_sent(n_layer, n_embd, vocab_size, n_tokens, world, bytes_per_value) -> what each rank sends in one
-    forward pass of n_tokens tokens, with ring collectives; then, given the lesson's TPRun, against its log."""
-    got = [attempt(my_bytes_sent, *case, when=f"{case[0]} layers, C={case[1]}, V={case[2]}, {case[3]} token(s), "
-                   f"{case[4]} ranks") for case in CASES]
-    for case, value in zip(CASES, got):
-        if not close(value, bytes_sent(*case)):
-            L, C, V, T, w, b = case
-            slip = next((why for why, wrong in SLIPS.items() if all(close(g, wrong(*c)) for g, c in zip(got, CASES))),
-                        "count the collectives of a pass, what each one carries, and what a ring sends of it")
-            raise Wrong(f"for {L} layers, C={C}, V={V}, {T} token(s), {w} ranks, {b} bytes a value: expected "
-                        f"{bytes_sent(*case):,.0f} bytes, got {value!r}: {slip}")
-    if run is None:
-        return "right on five shapes: 2L + 1 all-reduces of the (tokens, C) stream and one all-gather of the logits"
-    world, T = 2, run.prompt_logits.shape[0]
-    V_pad = padded_vocab(run.prompt_logits.shape[1], world)
-    for name, calls, n_tokens in (("the prompt's pass", run.collectives[0], T), ("a decode step", run.collectives[-1], 1)):
-        L = (sum(c.kind == "all_reduce" for c in calls) - 1) // 2
-        C = calls[0].n_values // n_tokens
-        predicted = attempt(my_bytes_sent, L, C, V_pad, n_tokens, world, calls[0].bytes_per_value)
-        logged = logged_bytes(calls, world)
-        if not close(predicted, logged):
-            raise Wrong(f"{name} of the two processes logged {logged:,.0f} bytes from each rank, your formula says "
-                        f"{predicted!r}")
-    return (f"right: on five shapes, and against the two processes' log: {logged_bytes(run.collectives[0], world):,.0f} "
-            f"bytes from each rank for the prompt's {T} tokens, {logged_bytes(run.collectives[-1], world):,.0f} for a "
-            f"decode step")
+def check_rank_bytes(my_rank_bytes, model) -> str:
+    """my_rank_bytes(config, rank, world) -> the bytes of fp32 weights that rank of `world` holds, against the
+    tensors shard_gpt2 really gives it, for the lesson's GPT-2 and a tiny one."""
+    tiny = _tiny_gpt2()
+    cases = [(model, "the lesson's GPT-2", 0, 2), (model, "the lesson's GPT-2", 1, 2),
+             (model, "the lesson's GPT-2", 2, 3), (model, "the lesson's GPT-2", 1, 4),
+             (tiny, "a tiny GPT-2 (V = 1100, 6 heads)", 1, 2), (tiny, "a tiny GPT-2 (V = 1100, 6 heads)", 0, 3)]
+    measured, got = [], []
+    for m, name, rank, world in cases:
+        measured.append(_measured_rank_bytes(m, rank, world))
+        assert measured[-1] == rank_bytes(m.config, rank, world), (name, rank, world)  # the count is shard_gpt2's
+        got.append(attempt(my_rank_bytes, m.config, rank, world, when=f"{name}, rank {rank} of {world}"))
+    for (m, name, rank, world), mine, real in zip(cases, got, measured):
+        if not close(mine, real):
+            slip = next((why for why, counts in RANK_SLIPS.items()
+                         if any(all(close(g, count(c[0].config, c[2], c[3])) for g, c in zip(got, cases))
+                                for count in counts)),
+                        "count what shard_gpt2 gives one rank: which tensors it splits, which every rank keeps "
+                        "whole, and which only rank 0 has")
+            said = f"{mine:,}" if close(mine, mine) else repr(mine)
+            raise Wrong(f"{name}, rank {rank} of {world}: its shards measure {real:,} bytes, you predicted {said}: "
+                        f"{slip}")
+    whole = weight_bytes(model)
+    r0, r1, r4 = measured[0], measured[1], measured[3]
+    return (f"right on six ranks, against the tensors shard_gpt2 gives each: the lesson's GPT-2 is "
+            f"{whole / 1e6:.1f} MB in one process; over 2 ranks, {r0 / 1e6:.1f} MB on rank 0 ({r0 / whole:.1%}) and {r1 / 1e6:.1f} MB on "
+            f"rank 1; over 4, {r4 / 1e6:.1f} MB on rank 1 ({r4 / whole:.1%}, not 25%): the position table, the norms "
+            f"and the vocabulary's padding are on every rank")
