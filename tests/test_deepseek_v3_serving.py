@@ -15,15 +15,14 @@ from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.engine.latent_cache import LatentPagedCache
 from hardway.errors import ConfigError
-from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
+from borrowed_tokenizer import save_with_smollm2_tokenizer, smollm2_vocab_size
 from test_deepseek_v3 import TINY, randomize  # sibling modules: pytest puts tests/ on the path
 from test_qwen35_serving import N_NEW, TEXTS, alone, run  # eight texts, generate alone, the engine run to the end
 
 transformers = pytest.importorskip("transformers")
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its tokenizer: ids below 49152
 LENGTHS = (5, 70, 12, 130, 33, 1, 90, 47)  # several longer than a step's budget: prefilled in chunks
 
 
@@ -38,12 +37,7 @@ def random_deepseek_v3(vocab_size: int):
 def folder(tmp_path_factory):
     """A tiny DeepSeek-V3 checkpoint folder with SmolLM2's tokenizer files."""
     out = tmp_path_factory.mktemp("deepseek_v3")
-    tokenizer_folder = checkpoint(SMOLLM2)
-    vocab = json.loads((tokenizer_folder / "config.json").read_text())["vocab_size"]
-    random_deepseek_v3(vocab).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((tokenizer_folder / name).read_bytes())
-    return out
+    return save_with_smollm2_tokenizer(random_deepseek_v3(smollm2_vocab_size()), out)
 
 
 @pytest.fixture(scope="module")

@@ -20,15 +20,14 @@ from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.engine.sequence import SamplingParams
 from hardway.engine.shaped_cache import LayerShapedPagedCache
 from hardway.errors import ConfigError
-from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
+from borrowed_tokenizer import save_with_smollm2_tokenizer, smollm2_vocab_size
 from test_gemma4 import randomize  # sibling modules: pytest puts tests/ on the path
 from test_qwen35_serving import TEXTS, alone  # its eight texts, and generate on one prompt alone
 
 transformers = pytest.importorskip("transformers")
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its tokenizer: ids below 49152
 N_NEW = 10  # as alone's default
 LENGTHS = (5, 70, 12, 130, 33, 1, 90, 47)  # most past the window of 7; several longer than a step's budget
 GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=[])
@@ -48,12 +47,7 @@ def random_gemma4(vocab_size: int):
 def folder(tmp_path_factory):
     """A tiny Gemma 4 checkpoint folder with SmolLM2's tokenizer files."""
     out = tmp_path_factory.mktemp("gemma4")
-    tokenizer_folder = checkpoint(SMOLLM2)
-    vocab = json.loads((tokenizer_folder / "config.json").read_text())["vocab_size"]
-    random_gemma4(vocab).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((tokenizer_folder / name).read_bytes())
-    return out
+    return save_with_smollm2_tokenizer(random_gemma4(smollm2_vocab_size()), out)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ engine gives its sliding layers their own pool; every greedy answer, alone or am
 be token-identical to `hardway.generate` on that prompt alone. Prefix caching is off for a model with sliding layers
 (lesson 15): a cached prefix's sliding blocks were handed back as the window moved past them.
 """
-import json
 import threading
 
 import httpx
@@ -16,13 +15,12 @@ from hardway.decode.generate import generate
 from hardway.engine.config import EngineConfig
 from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.engine.sequence import SamplingParams
-from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
+from borrowed_tokenizer import save_with_smollm2_tokenizer, smollm2_vocab_size
 
 transformers = pytest.importorskip("transformers")
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 N_NEW = 10
 WINDOW = 8
 LENGTHS = (5, 40, 12, 70, 23, 1, 50, 31)  # most longer than the window, several than a step's budget
@@ -32,8 +30,7 @@ GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=[])
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpt_oss")
-    tokenizer_folder = checkpoint(SMOLLM2)
-    vocab = json.loads((tokenizer_folder / "config.json").read_text())["vocab_size"]
+    vocab = smollm2_vocab_size()
     config = transformers.GptOssConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
@@ -46,10 +43,7 @@ def folder(tmp_path_factory):
         for name, p in model.named_parameters():
             p.copy_(1 + 0.2 * torch.randn_like(p)) if "norm" in name else \
                 p.normal_(0, 0.3 if "sinks" in name or "bias" in name else 0.15)
-    model.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((tokenizer_folder / name).read_bytes())
-    return out
+    return save_with_smollm2_tokenizer(model, out)
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,12 @@ from hardway.engine.engine import Engine, PrefixCachingEngine
 from hardway.engine.sequence import SamplingParams
 from hardway.engine.state_cache import PREFIX_CACHING_REFUSED, StatePagedCache, keeps_state
 from hardway.errors import ConfigError
-from hardway.formats.hub import checkpoint
 from hardway.loading import load
 from hardway.text.tokenizer import load_tokenizer
+from borrowed_tokenizer import save_with_smollm2_tokenizer, smollm2_vocab_size
 
 transformers = pytest.importorskip("transformers")
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its tokenizer: ids below 49152
 N_NEW = 10
 LENGTHS = (5, 70, 12, 130, 33, 1, 90, 47)  # several longer than a step's budget: prefilled in chunks
 GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=[])
@@ -53,12 +52,7 @@ def random_qwen35(vocab_size: int):
 def folder(tmp_path_factory):
     """A tiny Qwen3.5 checkpoint folder with SmolLM2's tokenizer files."""
     out = tmp_path_factory.mktemp("qwen3_5")
-    tokenizer_folder = checkpoint(SMOLLM2)
-    vocab = json.loads((tokenizer_folder / "config.json").read_text())["vocab_size"]
-    random_qwen35(vocab).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((tokenizer_folder / name).read_bytes())
-    return out
+    return save_with_smollm2_tokenizer(random_qwen35(smollm2_vocab_size()), out)
 
 
 @pytest.fixture(scope="module")
